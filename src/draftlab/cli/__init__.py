@@ -1,0 +1,60 @@
+"""Layer 6: the `draftlab` command line. Bad input ends in one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from draftlab.errors import DraftlabError
+
+# Each subcommand lives in its own module exposing `add_parser(subparsers)`.
+SUBCOMMANDS = ("generate", "bench", "sweep", "report", "models", "distill")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise DraftlabError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="draftlab", description="Speculative decoding for Hugging Face models, measured honestly.")
+    from draftlab import __version__
+
+    parser.add_argument("--version", action="version", version=f"draftlab {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"draftlab.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"draftlab.cli.{name}":
+                continue
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _quiet_libraries()
+        return int(args.func(args) or 0)
+    except DraftlabError as exc:
+        print(f"draftlab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftlab: interrupted; results written so far are kept (rerun with --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`draftlab generate`: one prompt, one method, the text and its statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from draftlab.cli.common import add_method_args, add_model_args, decoder_config, load_pair, sampling_from
+from draftlab.decode.methods import METHODS, build_decoder
+from draftlab.errors import DraftlabError
+from draftlab.models.prompting import encode_prompt
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="generate text for one prompt with one method")
+    p.add_argument("prompt", nargs="?", help="the prompt; '-' reads standard input")
+    p.add_argument("--method", choices=METHODS, default="sps")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON record instead of text and a table")
+    add_model_args(p)
+    add_method_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if prompt is None or not prompt.strip():
+        raise DraftlabError("empty prompt")
+    config = decoder_config(args, args.method)
+    params = sampling_from(args)
+    target, draft = load_pair(args, config.needs_draft)
+    ids = encode_prompt(target, prompt, chat=args.chat)
+    result = build_decoder(config, target, draft).generate(ids, args.max_new_tokens, params)
+    if args.json:
+        record = {
+            "method": args.method,
+            "target": target.spec.name,
+            "draft": draft.spec.name if draft else None,
+            "gamma": config.gamma,
+            "temperature": params.temperature,
+            "text": result.text,
+            "tokens": result.tokens,
+            "stats": result.stats.to_dict(),
+        }
+        print(json.dumps(record, ensure_ascii=False))
+        return 0
+    console = Console()
+    console.print(result.text, markup=False, highlight=False)
+    s = result.stats
+    table = Table(title=f"{args.method} · target {target.spec.name}" + (f" · draft {draft.spec.name}" if draft else ""))
+    for col in ("new tokens", "total s", "prefill ms", "decode ms/token", "tokens/s", "target calls", "draft calls", "acceptance α", "mean accepted"):
+        table.add_column(col, justify="right")
+    per_tok = s.decode_s * 1000 / max(s.new_tokens - 1, 1)
+    table.add_row(
+        str(s.new_tokens),
+        f"{s.total_s:.3f}",
+        f"{s.prefill_s * 1000:.1f}",
+        f"{per_tok:.2f}",
+        f"{s.tokens_per_s:.1f}" if s.tokens_per_s else "-",
+        str(s.target_calls),
+        str(s.draft_calls),
+        f"{s.acceptance_rate:.3f}" if s.acceptance_rate is not None else "-",
+        f"{s.mean_accepted_length:.2f}" if s.mean_accepted_length else "-",
+    )
+    Console(stderr=True).print(table)
+    return 0

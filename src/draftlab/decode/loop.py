@@ -1,0 +1,176 @@
+"""One speculative decoding loop for every method.
+
+Each round: the proposer suggests up to γ tokens, the target scores the last final token
+plus the proposal in one forward pass, the acceptance rule keeps a prefix and (usually)
+adds the target's own next token, and both caches are cropped back to what was kept.
+With a proposer that suggests nothing, the same loop is plain autoregressive decoding,
+so the baseline and the methods share one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from draftlab.decode.timing import synchronized_clock
+from draftlab.errors import DraftlabError
+from draftlab.models.cached import CachedModel
+from draftlab.proposers.base import Proposer
+from draftlab.sampling import Sampler, SamplingParams, warp_probs
+from draftlab.verify.rules import AcceptanceRule
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0  # prompt processing by every model, up to the first new token
+    decode_s: float = 0.0  # everything after the first new token
+    target_calls: int = 0  # target forward passes, the prefill included
+    draft_calls: int = 0  # draft forward passes, its prefill included
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    rounds: int = 0  # verification rounds after the prefill
+    fallbacks: int = 0  # BiLD: blocks the small model ended by handing over
+    rollbacks: int = 0  # BiLD: blocks in which the large model overruled a small-model token
+    draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per target forward pass, the target's own token included (vLLM, Spec-Bench)."""
+        return self.new_tokens / self.target_calls if self.target_calls else None
+
+    @property
+    def draft_share(self) -> float | None:
+        return self.draft_tokens_kept / self.new_tokens if self.new_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.new_tokens / self.total_s if self.total_s > 0 else None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("total_s", "acceptance_rate", "mean_accepted_length", "draft_share", "tokens_per_s"):
+            out[name] = getattr(self, name)
+        return out
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for position in range(drafted):
+            if position == len(self.drafted_per_position):
+                self.drafted_per_position.append(0)
+                self.accepted_per_position.append(0)
+            self.drafted_per_position[position] += 1
+            self.accepted_per_position[position] += int(position < accepted)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    stats: GenerationStats
+
+
+class SpeculativeDecoder:
+    def __init__(
+        self,
+        target: CachedModel,
+        proposer: Proposer,
+        rule: AcceptanceRule,
+        gamma: int = 4,
+    ) -> None:
+        if gamma < 1:
+            raise DraftlabError(f"gamma must be >= 1, got {gamma}")
+        self.target = target
+        self.proposer = proposer
+        self.rule = rule
+        self.gamma = gamma
+        self.tokenizer = target.lm.tokenizer
+        self.eos = target.lm.eos_token_ids
+
+    def _devices(self) -> list[torch.device]:
+        devices = [self.target.device]
+        draft = getattr(self.proposer, "draft", None)
+        if draft is not None:
+            devices.append(draft.device)
+        return devices
+
+    def check_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if not prompt_ids:
+            raise DraftlabError("empty prompt")
+        if max_new_tokens < 1:
+            raise DraftlabError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        limit = self.target.lm.context_length
+        if limit is not None:
+            needed = len(prompt_ids) + (0 if self.target.lm.is_encoder_decoder else max_new_tokens)
+            if needed > limit:
+                raise DraftlabError(
+                    f"prompt of {len(prompt_ids)} tokens plus max_new_tokens={max_new_tokens} exceeds "
+                    f"the model's context of {limit} tokens"
+                )
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
+        self.check_prompt(prompt_ids, max_new_tokens)
+        sampler = Sampler(params.seed)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        target, proposer = self.target, self.proposer
+        draft_calls_before = proposer.forward_calls
+        target_calls_before = target.forward_calls
+        devices = self._devices()
+
+        t0 = synchronized_clock(devices)
+        sequence = target.start(prompt_ids)
+        prefix_len = len(sequence)
+        logits = target.forward(sequence, last_only=True)[-1]
+        proposer.start(prompt_ids, sequence)
+        first = int(torch.argmax(logits).item()) if params.greedy else sampler.draw(warp_probs(logits, params))
+        sequence.append(first)
+        t1 = synchronized_clock(devices)
+        stats.prefill_s = t1 - t0
+
+        while len(sequence) - prefix_len < max_new_tokens and sequence[-1] not in self.eos:
+            budget = max_new_tokens - (len(sequence) - prefix_len)
+            # Never draft past the budget: a token that cannot be kept is wasted work.
+            proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+            block = [sequence[-1], *proposal.tokens]
+            target_logits = target.forward(block)
+            verdict = self.rule.verify(proposal, target_logits, params, sampler)
+            new = proposal.tokens[: verdict.accepted]
+            if verdict.next_token is not None:
+                new.append(verdict.next_token)
+            stats.record_round(len(proposal.tokens), verdict.accepted)
+            stats.fallbacks += int(proposal.fell_back)
+            stats.rollbacks += int(verdict.next_token is not None and verdict.accepted < len(proposal.tokens))
+            new = self._stop_at_eos(new)[:budget]
+            stats.draft_tokens_kept += min(verdict.accepted, len(new))
+            sequence.extend(new)
+            # Invariant: both caches hold the sequence minus its last token.
+            target.crop(len(sequence) - 1)
+            proposer.rollback(len(sequence) - 1)
+
+        stats.decode_s = synchronized_clock(devices) - t1
+        tokens = sequence[prefix_len:]
+        stats.new_tokens = len(tokens)
+        stats.target_calls = target.forward_calls - target_calls_before
+        stats.draft_calls = proposer.forward_calls - draft_calls_before
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Generation(tokens, text, stats)
+
+    def _stop_at_eos(self, tokens: list[int]) -> list[int]:
+        for i, token in enumerate(tokens):
+            if token in self.eos:
+                return tokens[: i + 1]
+        return tokens

@@ -1,0 +1,163 @@
+"""Load a target or a draft through transformers' Auto classes, and check that a pair fits."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from draftlab.errors import DraftlabError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to load one model: a hub id, a local folder or a registry name, plus placement."""
+
+    name: str
+    dtype: str = "float32"
+    device: str = "cpu"  # cpu, cuda, cuda:N, or auto (accelerate's device_map="auto")
+    attn_implementation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise DraftlabError(f"unknown dtype '{self.dtype}' (choose from {', '.join(DTYPES)})")
+        if self.attn_implementation not in (None, *ATTN_IMPLEMENTATIONS):
+            raise DraftlabError(
+                f"unknown attention implementation '{self.attn_implementation}' (choose eager or sdpa)"
+            )
+        if not (self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:")):
+            raise DraftlabError(f"unknown device '{self.device}' (choose cpu, cuda, cuda:N or auto)")
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    spec: ModelSpec
+    path: str
+    eos_token_ids: set[int] = field(default_factory=set)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(self.model.config.is_encoder_decoder)
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the embedding's device, also for a model split by device_map."""
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int | None:
+        cfg = self.model.config
+        if self.is_encoder_decoder:
+            limit = self.tokenizer.model_max_length
+            return int(limit) if limit and limit < 1_000_000 else None
+        for key in ("max_position_embeddings", "n_positions", "seq_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def resolve_path(name: str) -> str:
+    """A registry name becomes its local folder; anything else is passed through."""
+    from draftlab.models import registry  # noqa: PLC0415 - the registry imports loading too
+
+    local = registry.resolve(name)
+    return local if local is not None else name
+
+
+def _looks_like_path(name: str) -> bool:
+    # A hub id is "name" or "org/name"; anything else that names a folder is a path.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    path = resolve_path(spec.name)
+    if _looks_like_path(path) and not Path(path).expanduser().exists():
+        raise DraftlabError(f"model '{spec.name}' not found: no such folder")
+    path = str(Path(path).expanduser()) if Path(path).expanduser().exists() else path
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        raise DraftlabError(f"device '{spec.device}' requested but CUDA is not available")
+    try:
+        # Keep transformers' own retry chatter off the console; our one-line error says it all.
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+        config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise DraftlabError(
+            f"model '{spec.name}' is not available offline: it is not a local folder, not a registry name "
+            f"(see `draftlab models list`) and not in the Hugging Face cache ({_first_line(exc)})"
+        ) from None
+    auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    kwargs: dict = {"dtype": DTYPES[spec.dtype]}
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    if spec.device == "auto":
+        kwargs["device_map"] = "auto"
+    try:
+        model = auto_class.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise DraftlabError(f"model '{spec.name}' could not be loaded: {_first_line(exc)}") from None
+    if spec.device != "auto":
+        model.to(spec.device)
+    model.eval()
+    return LoadedModel(model, tokenizer, spec, path, _eos_ids(model, tokenizer))
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Speculative decoding compares distributions token by token: the ids must mean the same."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if len(t_vocab) != len(d_vocab) or t_vocab != d_vocab:
+        differing = next((tok for tok, i in t_vocab.items() if d_vocab.get(tok) != i), None)
+        detail = (
+            f"{len(t_vocab)} vs {len(d_vocab)} tokens"
+            if len(t_vocab) != len(d_vocab)
+            else f"token {differing!r} has id {t_vocab.get(differing)} vs {d_vocab.get(differing)}"
+        )
+        raise DraftlabError(
+            f"incompatible tokenizers: target '{target.spec.name}' and draft '{draft.spec.name}' "
+            f"have different vocabularies ({detail})"
+        )
+    if target.is_encoder_decoder != draft.is_encoder_decoder:
+        raise DraftlabError(
+            f"incompatible models: target '{target.spec.name}' and draft '{draft.spec.name}' "
+            "must both be decoder-only or both encoder-decoder"
+        )

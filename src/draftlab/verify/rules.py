@@ -1,0 +1,92 @@
+"""Acceptance rules.
+
+`SpeculativeRule` is speculative sampling (Leviathan et al. 2023, Chen et al. 2023):
+lossless, so its output is distributed exactly as the target's. `BildRule` is BiLD's
+rollback policy (Kim et al. 2023), which trades exactness for speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from draftlab.proposers.base import Proposal
+from draftlab.sampling import Sampler, SamplingParams, warp_probs
+
+
+@dataclass
+class Verdict:
+    accepted: int  # how many proposed tokens are kept
+    next_token: int | None  # the target's token after them (correction or bonus), if it writes one
+
+
+class AcceptanceRule:
+    def verify(
+        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+    ) -> Verdict:
+        """`target_logits` is [k+1, V]: row i is the target's distribution for position i of the block."""
+        raise NotImplementedError
+
+
+class SpeculativeRule(AcceptanceRule):
+    def verify(
+        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+    ) -> Verdict:
+        k = len(proposal.tokens)
+        if params.greedy:
+            # Accept the longest prefix on which the draft agrees with the target's argmax.
+            best = torch.argmax(target_logits, dim=-1).tolist()
+            n = 0
+            while n < k and proposal.tokens[n] == best[n]:
+                n += 1
+            return Verdict(n, best[n])
+        p = warp_probs(target_logits, params)
+        for i, token in enumerate(proposal.tokens):
+            p_tok = p[i, token].item()
+            q_tok = 1.0 if proposal.probs is None else proposal.probs[i, token].item()
+            if sampler.uniform(p.device) * q_tok < p_tok:  # u < p/q without dividing by q
+                continue
+            return Verdict(i, sampler.draw(self.residual(p[i], proposal, i, token)))
+        return Verdict(k, sampler.draw(p[k]))
+
+    @staticmethod
+    def residual(p_row: torch.Tensor, proposal: Proposal, i: int, token: int) -> torch.Tensor:
+        """The normalised max(0, p - q) that a rejected position is resampled from."""
+        if proposal.probs is None:
+            residual = p_row.clone()
+            residual[token] = 0.0
+        else:
+            residual = torch.clamp(p_row - proposal.probs[i].to(p_row.device), min=0.0)
+        total = residual.sum()
+        # p <= q everywhere only happens when p == q up to rounding; then p itself is exact.
+        return residual / total if total > 0 else p_row
+
+
+class BildRule(AcceptanceRule):
+    def __init__(self, rollback_threshold: float = 5.0) -> None:
+        self.rollback_threshold = rollback_threshold
+
+    def verify(
+        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+    ) -> Verdict:
+        k = len(proposal.tokens)
+        log_p = torch.log_softmax(target_logits.float(), dim=-1)
+        if k and math.isfinite(self.rollback_threshold):
+            idx = torch.arange(k, device=log_p.device)
+            nll = -log_p[idx, torch.tensor(proposal.tokens, device=log_p.device)]
+            bad = torch.nonzero(nll > self.rollback_threshold).flatten()
+            if bad.numel():
+                n = int(bad[0])
+                return Verdict(n, self._large_token(target_logits[n], params, sampler))
+        if proposal.fell_back or k == 0:
+            return Verdict(k, self._large_token(target_logits[k], params, sampler))
+        # The small model hit its step limit while confident: it keeps the pen.
+        return Verdict(k, None)
+
+    @staticmethod
+    def _large_token(logits: torch.Tensor, params: SamplingParams, sampler: Sampler) -> int:
+        if params.greedy:
+            return int(torch.argmax(logits).item())
+        return sampler.draw(warp_probs(logits, params))
