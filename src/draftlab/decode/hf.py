@@ -101,6 +101,7 @@ class HFGenerateDecoder:
             prefill_s=first - t0,
             decode_s=t_end - first,
             target_calls=target_counter.calls,
+            rounds=target_counter.calls,  # every target pass of generate() yields at least one token
             draft_calls=draft_counter.calls if draft_counter else 0,
         )
         text = lm.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -9,6 +9,7 @@ so the baseline and the methods share one code path.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -25,18 +26,20 @@ from draftlab.verify.rules import AcceptanceRule
 class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
-    prefill_s: float = 0.0  # prompt processing by every model, up to the first new token
-    decode_s: float = 0.0  # everything after the first new token
+    prefill_s: float = 0.0  # time to the first new token(s): prompt processing by every model + round 1
+    decode_s: float = 0.0  # everything after the first round
     target_calls: int = 0  # target forward passes, the prefill included
     draft_calls: int = 0  # draft forward passes, its prefill included
     drafted: int = 0
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    rounds: int = 0  # verification rounds after the prefill
+    rounds: int = 0  # verification rounds: one target pass each (round 1 reuses the prefill's)
     fallbacks: int = 0  # BiLD: blocks the small model ended by handing over
     rollbacks: int = 0  # BiLD: blocks in which the large model overruled a small-model token
     draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
+    propose_s: float = 0.0  # wall time inside the proposer during decoding (its prefill excluded)
+    propose_calls: int = 0  # draft forward passes made while proposing (its prefill excluded)
 
     @property
     def total_s(self) -> float:
@@ -48,8 +51,8 @@ class GenerationStats:
 
     @property
     def mean_accepted_length(self) -> float | None:
-        """Tokens per target forward pass, the target's own token included (vLLM, Spec-Bench)."""
-        return self.new_tokens / self.target_calls if self.target_calls else None
+        """Tokens per verification round, the target's own token included (vLLM, Spec-Bench); AR is 1."""
+        return self.new_tokens / self.rounds if self.rounds else None
 
     @property
     def draft_share(self) -> float | None:
@@ -134,19 +137,28 @@ class SpeculativeDecoder:
         t0 = synchronized_clock(devices)
         sequence = target.start(prompt_ids)
         prefix_len = len(sequence)
-        logits = target.forward(sequence, last_only=True)[-1]
+        # The prefill's last row is the target's distribution for the first new token; the first
+        # round verifies against it, so the first token is speculated like every other one.
+        pending_logits: torch.Tensor | None = target.forward(sequence, last_only=True)
         proposer.start(prompt_ids, sequence)
-        first = int(torch.argmax(logits).item()) if params.greedy else sampler.draw(warp_probs(logits, params))
-        sequence.append(first)
-        t1 = synchronized_clock(devices)
-        stats.prefill_s = t1 - t0
+        t_first: float | None = None
 
-        while len(sequence) - prefix_len < max_new_tokens and sequence[-1] not in self.eos:
+        while len(sequence) - prefix_len < max_new_tokens and (
+            len(sequence) == prefix_len or sequence[-1] not in self.eos
+        ):
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
+            calls_before, t_propose = proposer.forward_calls, time.perf_counter()
             proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
-            block = [sequence[-1], *proposal.tokens]
-            target_logits = target.forward(block)
+            stats.propose_s += time.perf_counter() - t_propose
+            stats.propose_calls += proposer.forward_calls - calls_before
+            if pending_logits is None:
+                target_logits = target.forward([sequence[-1], *proposal.tokens])
+            elif proposal.tokens:
+                target_logits = torch.cat([pending_logits, target.forward(proposal.tokens)])
+            else:
+                target_logits = pending_logits
+            pending_logits = None
             verdict = self.rule.verify(proposal, target_logits, params, sampler)
             new = proposal.tokens[: verdict.accepted]
             if verdict.next_token is not None:
@@ -160,7 +172,11 @@ class SpeculativeDecoder:
             # Invariant: both caches hold the sequence minus its last token.
             target.crop(len(sequence) - 1)
             proposer.rollback(len(sequence) - 1)
+            if t_first is None:
+                t_first = synchronized_clock(devices)
+                stats.prefill_s = t_first - t0
 
+        t1 = t_first if t_first is not None else synchronized_clock(devices)
         stats.decode_s = synchronized_clock(devices) - t1
         tokens = sequence[prefix_len:]
         stats.new_tokens = len(tokens)

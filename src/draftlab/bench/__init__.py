@@ -1,0 +1,1 @@
+"""Layer 5: prompt suites, the benchmark runner, metrics, reports and plots."""

@@ -1,0 +1,31 @@
+"""`draftlab report DIR`: re-render every table, file and plot from saved results (no model is loaded)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from draftlab.bench.report import render
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="re-render the report of a results folder (results.jsonl + run.json)",
+        description="Recompute every figure from a results folder and rewrite summary.json, summary.csv, "
+        "report.md, per_example.csv and the plots in it. Loads no model.",
+    )
+    p.add_argument("directory", type=Path, help="a results folder written by `draftlab bench`")
+    p.add_argument("--per-example", action="store_true", help="also print one row per generation")
+    p.add_argument("--quiet", action="store_true", help="write the files, print nothing")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Piped into a file or a log, keep the wide tables whole instead of wrapping them at 80 columns.
+    width = None if sys.stdout.isatty() else 200
+    render(args.directory, Console(quiet=args.quiet, width=width), per_example=args.per_example)
+    return 0

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny import FAMILIES, make_model
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tiny models gain nothing from threads, and on a busy 2-core machine threads cost a lot.
+torch.set_num_threads(1)
+
+STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """family -> (target folder, draft folder): same tokenizer, different weights."""
+    root = tmp_path_factory.mktemp("tiny")
+    pairs = {}
+    for family in FAMILIES:
+        target = make_model(family, root / f"{family}-target", seed=1, hidden=64, layers=2)
+        draft = make_model(family, root / f"{family}-draft", seed=2, hidden=32, layers=1)
+        pairs[family] = (target, draft)
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def stories():
+    if not (STORIES / "config.json").exists():
+        pytest.skip("../shared/models/stories260K is not present")
+    return STORIES

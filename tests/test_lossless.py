@@ -1,0 +1,118 @@
+"""Greedy losslessness for every family: SPS and PLD reproduce AR token for token in float32."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.models import ModelSpec, check_compatible, load_model
+from draftlab.models.prompting import encode_prompt
+from draftlab.sampling import SamplingParams
+from tiny import FAMILIES
+
+GREEDY = SamplingParams()
+PROMPTS = ["the cat sat on the mat and then the dog ran", "law court contract clause paid month year the big red tree"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            target_dir, draft_dir = tiny_pair[family]
+            target = load_model(ModelSpec(str(target_dir), dtype="float32"))
+            draft = load_model(ModelSpec(str(draft_dir), dtype="float32"))
+            check_compatible(target, draft)
+            cache[family] = (target, draft)
+        return cache[family]
+
+    return get
+
+
+def run(method, target, draft, prompt, max_new=40, gamma=4, **kw):
+    ids = encode_prompt(target, prompt, chat=False)
+    return build_decoder(DecoderConfig(method=method, gamma=gamma, **kw), target, draft).generate(ids, max_new, GREEDY)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sps_pld_hf_match_ar(family, loaded):
+    target, draft = loaded(family)
+    for prompt in PROMPTS:
+        ar = run("ar", target, draft, prompt)
+        assert ar.stats.new_tokens > 0
+        assert ar.stats.mean_accepted_length == 1.0
+        for method in ("sps", "pld", "hf-greedy"):
+            out = run(method, target, draft, prompt)
+            assert out.tokens == ar.tokens, f"{family} {method} differs from ar"
+        sps = run("sps", target, draft, prompt, gamma=3)
+        assert sps.tokens == ar.tokens
+        assert sps.stats.drafted > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_draft_equal_target_accepts_everything(family, loaded):
+    target, _ = loaded(family)
+    out = run("sps", target, target, PROMPTS[0], max_new=30)
+    assert out.stats.drafted > 0
+    assert out.stats.acceptance_rate == 1.0
+    # every round keeps γ drafted tokens plus the bonus token (except a budget-cut last round)
+    assert out.stats.mean_accepted_length > 3.0
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_hf_assisted_matches_ar(family, loaded):
+    target, draft = loaded(family)
+    ar = run("ar", target, draft, PROMPTS[1])
+    assisted = run("hf-assisted", target, draft, PROMPTS[1])
+    assert assisted.tokens == ar.tokens
+
+
+def test_no_cache_variant_is_identical(loaded):
+    target, draft = loaded("llama")
+    ar = run("ar", target, draft, PROMPTS[0])
+    for method in ("ar", "sps"):
+        out = run(method, target, draft, PROMPTS[0], use_cache=False)
+        assert out.tokens == ar.tokens
+
+
+def test_output_never_exceeds_budget(loaded):
+    target, _ = loaded("llama")
+    for max_new in (1, 2, 5, 7):
+        out = run("sps", target, target, PROMPTS[0], max_new=max_new, gamma=4)
+        assert out.stats.new_tokens == len(out.tokens) <= max_new
+
+
+def test_bild_limits(loaded):
+    target, draft = loaded("llama")
+    ar = run("ar", target, draft, PROMPTS[0])
+    # Fallback 1.0: the small model is never confident enough, the large model writes everything.
+    always_fallback = run("bild", target, draft, PROMPTS[0], fallback_threshold=1.0)
+    assert always_fallback.tokens == ar.tokens
+    assert always_fallback.stats.draft_tokens_kept == 0
+    # Fallback 0 and no rollback: the small model writes everything.
+    small_ar = build_decoder(DecoderConfig(method="ar"), draft).generate(
+        encode_prompt(draft, PROMPTS[0], chat=False), 40, GREEDY
+    )
+    small_only = run("bild", target, draft, PROMPTS[0], fallback_threshold=0.0, rollback_threshold=float("inf"))
+    assert small_only.tokens == small_ar.tokens
+    assert small_only.stats.fallbacks == 0 and small_only.stats.rollbacks == 0
+
+
+def test_bild_records_fallbacks_and_rollbacks(loaded):
+    target, draft = loaded("llama")
+    out = run("bild", target, draft, PROMPTS[0], fallback_threshold=0.3, rollback_threshold=1.0)
+    s = out.stats
+    assert s.fallbacks + s.rollbacks > 0
+    assert 0.0 <= s.draft_share <= 1.0
+
+
+def test_stories_acceptance_is_meaningful(stories):
+    target = load_model(ModelSpec(str(stories), dtype="float32"))
+    ids = encode_prompt(target, "Once upon a time, there was a little dog named Max.", chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 80, GREEDY)
+    sps = build_decoder(DecoderConfig(method="sps"), target, target).generate(ids, 80, GREEDY)
+    pld = build_decoder(DecoderConfig(method="pld"), target).generate(ids, 80, GREEDY)
+    assert sps.tokens == ar.tokens == pld.tokens
+    assert sps.stats.acceptance_rate == 1.0
+    assert sps.stats.rounds < ar.stats.rounds / 3

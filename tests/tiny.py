@@ -1,0 +1,114 @@
+"""Tiny models of every family the seeds used, built from configs and saved like real checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+PAD, EOS, BOS, UNK = 0, 1, 2, 3
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+WORDS = (
+    "the a cat dog sat ran on under mat house river tree big small red blue quickly slowly and then "
+    "summary translate question answer because therefore law court contract clause paid month year"
+).split()
+
+
+def corpus(n: int = 400) -> list[str]:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        " ".join(WORDS[i] for i in torch.randint(len(WORDS), (12,), generator=gen).tolist()) + "." for _ in range(n)
+    ]
+
+
+def make_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "</s>", "<s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+    return fast
+
+
+def _config(family: str, vocab: int, hidden: int, layers: int):
+    common = dict(vocab_size=vocab, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
+    if family == "opt":
+        return OPTForCausalLM, OPTConfig(
+            hidden_size=hidden, num_hidden_layers=layers, ffn_dim=2 * hidden, num_attention_heads=4,
+            max_position_embeddings=512, word_embed_proj_dim=hidden, **common,
+        )
+    if family == "llama":
+        return LlamaForCausalLM, LlamaConfig(
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, **common,
+        )
+    if family == "bloom":
+        return BloomForCausalLM, BloomConfig(hidden_size=hidden, n_layer=layers, n_head=4, **common)
+    if family == "gpt_neox":
+        return GPTNeoXForCausalLM, GPTNeoXConfig(
+            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=2 * hidden,
+            max_position_embeddings=512, **common,
+        )
+    if family == "qwen2":
+        return Qwen2ForCausalLM, Qwen2Config(
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, **common,
+        )
+    if family == "gpt2":
+        return GPT2LMHeadModel, GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
+    if family == "t5":
+        return T5ForConditionalGeneration, T5Config(
+            d_model=hidden, d_kv=hidden // 4, d_ff=2 * hidden, num_layers=layers, num_heads=4,
+            decoder_start_token_id=PAD, **common,
+        )
+    raise ValueError(family)
+
+
+FAMILIES = ("opt", "llama", "bloom", "gpt_neox", "qwen2", "gpt2", "t5")
+
+
+def make_model(family: str, directory: Path, seed: int, hidden: int = 32, layers: int = 2, vocab: int = 320) -> Path:
+    """Random weights, spread wide enough that greedy argmaxes are not near-ties."""
+    torch.manual_seed(seed)
+    cls, config = _config(family, vocab, hidden, layers)
+    model = cls(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    model.generation_config.eos_token_id = EOS
+    model.generation_config.pad_token_id = PAD
+    model.save_pretrained(directory)
+    make_tokenizer(directory, vocab)
+    return directory
