@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny import FAMILIES, make_model
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from tiny import FAMILIES
 
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.models import ModelSpec, check_compatible, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
-from tiny import FAMILIES
 
 GREEDY = SamplingParams()
 PROMPTS = ["the cat sat on the mat and then the dog ran", "law court contract clause paid month year the big red tree"]

@@ -114,17 +114,17 @@ def test_acceptance_alpha_hat_and_accepted_length(summary):
     assert sps["acceptance_rate"] == pytest.approx(19 / 31)
     assert sps["rollbacks"] == 2 + 0 + 0 + 2 + 1
     assert sps["alpha_hat"] == pytest.approx(19 / (19 + 5))
-    assert sps["mean_accepted_length"] == pytest.approx(30 / (4 + 1 + 2 + 3 + 3))
+    assert sps["mean_accepted_length"] == pytest.approx(30 / (4 + 0 + 2 + 3 + 3))  # Σ tokens / Σ rounds
     assert sps["drafted_per_position"] == [3 + 1 + 2 + 2, 3 + 1 + 2 + 2, 3 + 1 + 2 + 2, 3 + 1 + 1 + 2]
     assert sps["accepted_per_position"] == [3 + 1 + 2 + 1, 1 + 1 + 2 + 1, 1 + 1 + 1 + 1, 1 + 1 + 0 + 1]
     assert sps["acceptance_per_position"] == pytest.approx([7 / 8, 5 / 8, 4 / 8, 3 / 7])
     pld = summary["overall"]["pld"]
     assert pld["acceptance_rate"] == pytest.approx(7 / 9)
     assert pld["alpha_hat"] == pytest.approx(7 / 8)
-    assert pld["mean_accepted_length"] == pytest.approx(24 / (7 + 1 + 4 + 6))
+    assert pld["mean_accepted_length"] == pytest.approx(24 / (7 + 0 + 4 + 6))
     ar = summary["overall"]["ar"]
     assert ar["acceptance_rate"] is None and ar["alpha_hat"] is None
-    assert ar["mean_accepted_length"] == pytest.approx(24 / 25)
+    assert ar["mean_accepted_length"] == pytest.approx(24 / 24)
 
 
 def test_cost_ratio(summary):
@@ -213,7 +213,7 @@ def test_bootstrap_ci_contains_estimate_and_is_reproducible(records, run, summar
 
 def test_zero_denominators_give_none(records):
     zero = [
-        dataclasses.replace(r, new_tokens=0, prefill_s=0.0, decode_s=0.0, total_s=0.0, target_calls=0)
+        dataclasses.replace(r, new_tokens=0, prefill_s=0.0, decode_s=0.0, total_s=0.0, target_calls=0, rounds=0)
         for r in records
         if r.label == "sps"
     ]

@@ -183,6 +183,7 @@ def acceptance(records: Sequence[Record]) -> dict:
     accepted = sum(r.accepted for r in records)
     rollbacks = sum(r.rollbacks for r in records)
     target_calls = sum(r.target_calls for r in records)
+    rounds = sum(r.rounds for r in records)
     new_tokens = sum(r.new_tokens for r in records)
     d_pos = _elementwise_sum(r.drafted_per_position for r in records)
     a_pos = _elementwise_sum(r.accepted_per_position for r in records)
@@ -194,7 +195,9 @@ def acceptance(records: Sequence[Record]) -> dict:
         "acceptance_rate": ratio(accepted, drafted),
         "alpha_hat": ratio(accepted, accepted + rollbacks) if drafted else None,
         "target_calls": target_calls,
-        "mean_accepted_length": ratio(new_tokens, target_calls),
+        "rounds": rounds,
+        # Tokens per verification round, the target's own token included (vLLM, Spec-Bench): AR is 1.
+        "mean_accepted_length": ratio(new_tokens, rounds),
         "drafted_per_position": d_pos,
         "accepted_per_position": a_pos,
         "acceptance_per_position": [ratio(a, d) for a, d in zip(a_pos, d_pos, strict=True)],

@@ -5,10 +5,20 @@ from __future__ import annotations
 import argparse
 import math
 
+from draftlab.cli.console import report_console
 from draftlab.decode.methods import METHODS, DecoderConfig
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import ATTN_IMPLEMENTATIONS, DTYPES, LoadedModel, ModelSpec, check_compatible, load_model
+from draftlab.models.loading import (
+    ATTN_IMPLEMENTATIONS,
+    DTYPES,
+    LoadedModel,
+    ModelSpec,
+    check_compatible,
+    load_model,
+)
 from draftlab.sampling import SamplingParams
+
+__all__ = ["report_console"]
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"
@@ -25,8 +35,8 @@ def threshold(text: str) -> float:
 
 def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "bfloat16") -> None:
     g = parser.add_argument_group("models")
-    g.add_argument("--target", default=None, help=f"hub id, local folder or registry name (default: {DEFAULT_TARGET})")
-    g.add_argument("--draft", default=None, help=f"draft model (default: {DEFAULT_DRAFT} with the default target)")
+    g.add_argument("--target", "--target_model_name", dest="target", default=None, help=f"hub id, local folder or registry name (default: {DEFAULT_TARGET})")
+    g.add_argument("--draft", "--approx_model_name", dest="draft", default=None, help=f"draft model (default: {DEFAULT_DRAFT} with the default target)")
     g.add_argument("--dtype", choices=list(DTYPES), default=default_dtype, help="dtype of both models")
     g.add_argument("--target-dtype", choices=list(DTYPES), default=None)
     g.add_argument("--draft-dtype", choices=list(DTYPES), default=None)
@@ -43,7 +53,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
     g.add_argument("--fallback-threshold", type=float, default=0.6, help="BiLD fallback threshold in [0, 1]")
     g.add_argument("--rollback-threshold", type=threshold, default=5.0, help="BiLD rollback threshold (> 0, or inf)")
     g.add_argument("--max-small-steps", type=int, default=10, help="BiLD: most small-model tokens per block")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from draftlab.bench.report import render
+from draftlab.cli.console import report_console
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +23,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Piped into a file or a log, keep the wide tables whole instead of wrapping them at 80 columns.
-    width = None if sys.stdout.isatty() else 200
-    render(args.directory, Console(quiet=args.quiet, width=width), per_example=args.per_example)
+    render(args.directory, report_console(args.quiet), per_example=args.per_example)
     return 0

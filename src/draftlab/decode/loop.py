@@ -18,7 +18,7 @@ from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
 from draftlab.proposers.base import Proposer
-from draftlab.sampling import Sampler, SamplingParams, warp_probs
+from draftlab.sampling import Sampler, SamplingParams
 from draftlab.verify.rules import AcceptanceRule
 
 

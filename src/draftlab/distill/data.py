@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,14 +345,22 @@ def generate_data(
     data_dir: Path,
     batch_size: int,
     on_progress: Callable[[int, int], None] | None = None,
-) -> None:
-    """Produce every job not yet in a shard; one shard per batch, so an interrupt loses one batch."""
+    deadline: float | None = None,
+) -> int:
+    """Produce the jobs not yet in a shard; one shard per batch, so an interrupt loses one batch.
+
+    With a `deadline` (time.time()), no batch starts after it. Returns the number of jobs left.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     done = done_keys(data_dir)
     todo = [j for j in jobs if j.key not in done]
     raw = [j for j in todo if j.source == "raw"]
     chat = [j for j in todo if j.source != "raw"]
+    left = len(todo)
     for batch in _batches(raw, batch_size):
+        if deadline is not None and time.time() >= deadline:
+            return left
+        left -= len(batch)
         seqs = [teacher.tokenizer(j.text)["input_ids"][: teacher.max_len] for j in batch]
         scored = teacher.score(seqs)
         records = [
@@ -371,6 +380,9 @@ def generate_data(
         batches.extend(_batches(group, batch_size))
     random.Random(len(todo)).shuffle(batches)
     for batch in batches:
+        if deadline is not None and time.time() >= deadline:
+            return left
+        left -= len(batch)
         conversations: list[list[Message]] = [[] for _ in batch]
         final: list[tuple[list[int], int, torch.Tensor, torch.Tensor]] = []
         new_tokens = [0] * len(batch)
@@ -399,6 +411,7 @@ def generate_data(
             _write_shard(data_dir, records)
         if on_progress:
             on_progress(len(batch), sum(new_tokens))
+    return left
 
 
 def _record(job: Job, seq: list[int], start: int, new_tokens: int, scored, offset: int) -> dict:

@@ -1,0 +1,238 @@
+"""Run method variants over a prompt suite, interleaved per example, writing each result at once.
+
+For every example (and repeat) the variants run one after another, A B C, A B C, ..., so that
+they share the machine's drift. Each finished generation is appended to results.jsonl and
+flushed, so an interrupted run loses nothing and `resume` skips what is already there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
+from draftlab.bench.suites import Example
+from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import LoadedModel
+from draftlab.models.prompting import Message, encode_prompt
+from draftlab.sampling import SamplingParams
+
+
+@dataclass
+class Variant:
+    """One column of the comparison: a method with its settings and models."""
+
+    label: str
+    config: DecoderConfig
+    target: LoadedModel
+    draft: LoadedModel | None
+    sampling: SamplingParams
+    params: dict = field(default_factory=dict)
+    _decoder: Decoder | None = None
+
+    @property
+    def decoder(self) -> Decoder:
+        if self._decoder is None:
+            self._decoder = build_decoder(self.config, self.target, self.draft if self.config.needs_draft else None)
+        return self._decoder
+
+
+@dataclass
+class BenchPlan:
+    variants: list[Variant]
+    examples: list[Example]
+    max_new_tokens: int
+    chat: bool = True
+    repeats: int = 1
+    warmup: int = 1
+    baselines: dict[str, str] = field(default_factory=dict)  # label -> the label it is compared with
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise DraftlabError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.warmup < 0:
+            raise DraftlabError(f"--warmup must be >= 0, got {self.warmup}")
+        labels = [v.label for v in self.variants]
+        if len(set(labels)) != len(labels):
+            raise DraftlabError(f"duplicate variant labels: {labels}")
+        if not self.examples:
+            raise DraftlabError("no examples to run (check --subtasks and --limit)")
+
+
+def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]:
+    """Create or reopen a results folder. Returns the records already there (resume)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    results = directory / RESULTS_FILE
+    if not resume:
+        if results.exists() and results.stat().st_size > 0:
+            raise DraftlabError(f"'{directory}' already holds results: pass --resume to continue, or another --out")
+        info.save(directory)
+        results.write_text("")
+        return []
+    if (directory / RUN_FILE).exists():
+        previous = RunInfo.load(directory)
+        for name in ("target", "draft", "dtype", "device", "max_new_tokens", "labels", "suite"):
+            if getattr(previous, name) != getattr(info, name):
+                raise DraftlabError(
+                    f"cannot resume in '{directory}': {name} was {getattr(previous, name)!r}, "
+                    f"now {getattr(info, name)!r}"
+                )
+    info.save(directory)
+    done = read_records(results)
+    # Drop a torn last line so that appends start on a fresh line.
+    results.write_text("".join(r.to_json() + "\n" for r in done), encoding="utf-8")
+    return done
+
+
+def run_bench(plan: BenchPlan, directory: Path, info: RunInfo, resume: bool = False, quiet: bool = False) -> Path:
+    done = prepare_output(directory, info, resume)
+    finished = {(r.label, r.key): r for r in done}
+    jobs = list(_jobs(plan))
+    todo = sum(1 for job in jobs if (job[0].label, job[1:4]) not in finished)
+    if plan.warmup and todo:
+        _warm_up(plan)
+    console = Console(stderr=True, quiet=quiet)
+    progress = Progress(
+        TextColumn("[bold]bench[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet,
+    )
+    results_path = directory / RESULTS_FILE
+    answers: dict[tuple[str, str, int, int], list[int]] = {}  # (label, example, turn, repeat) -> tokens
+    for r in done:
+        answers[(r.label, r.example_id, r.turn, r.repeat)] = r.tokens
+    baseline_tokens = {(r.label, r.key): r.tokens for r in done}
+    by_id = {e.id: e for e in plan.examples}
+    with progress, results_path.open("a", encoding="utf-8") as out:
+        task = progress.add_task("", total=todo)
+        for variant, example_id, turn, repeat in jobs:
+            key = (example_id, turn, repeat)
+            if (variant.label, key) in finished:
+                continue
+            example = by_id[example_id]
+            progress.update(task, description=f"{example.subtask} · {variant.label}")
+            ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
+            result = variant.decoder.generate(ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat))
+            answers[(variant.label, example_id, turn, repeat)] = result.tokens
+            baseline = plan.baselines.get(variant.label)
+            reference = baseline_tokens.get((baseline, key)) if baseline else None
+            greedy_match = None
+            if variant.sampling.greedy and reference is not None and baseline != variant.label:
+                greedy_match = result.tokens == reference
+            baseline_tokens[(variant.label, key)] = result.tokens
+            record = _record(variant, example, turn, repeat, result, greedy_match)
+            out.write(record.to_json() + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+            progress.advance(task)
+    return results_path
+
+
+def _jobs(plan: BenchPlan) -> Iterator[tuple[Variant, str, int, int]]:
+    # Baselines run first within each example so that greedy matches can be checked at once.
+    order = sorted(plan.variants, key=lambda v: v.label not in plan.baselines.values())
+    for example in plan.examples:
+        for repeat in range(plan.repeats):
+            for turn in range(len(example.turns)):
+                for variant in order:
+                    yield variant, example.id, turn, repeat
+
+
+def _prompt_ids(
+    variant: Variant,
+    example: Example,
+    turn: int,
+    repeat: int,
+    answers: dict[tuple[str, str, int, int], list[int]],
+    chat: bool,
+) -> list[int]:
+    """The conversation so far: each variant's later turns follow its own earlier answers (Spec-Bench)."""
+    tokenizer = variant.target.tokenizer
+    messages: list[Message] = []
+    for earlier in range(turn):
+        messages.append({"role": "user", "content": example.turns[earlier]})
+        answer = tokenizer.decode(answers[(variant.label, example.id, earlier, repeat)], skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})
+    messages.append({"role": "user", "content": example.turns[turn]})
+    return encode_prompt(variant.target, messages, chat=chat)
+
+
+def _seeded(params: SamplingParams, example_id: str, turn: int, repeat: int) -> SamplingParams:
+    """A per-generation seed, the same for every variant, so sampled runs are reproducible."""
+    if params.greedy:
+        return params
+    base = params.seed or 0
+    mixed = (base * 1_000_003 + sum(map(ord, example_id)) * 101 + turn * 7 + repeat) % (2**31)
+    return SamplingParams(params.temperature, params.top_k, params.top_p, mixed)
+
+
+def _warm_up(plan: BenchPlan) -> None:
+    """Untimed runs first: the first calls pay for allocations and lazy initialisation."""
+    example = plan.examples[0]
+    for variant in plan.variants:
+        ids = encode_prompt(variant.target, example.turns[0], chat=plan.chat)
+        for _ in range(plan.warmup):
+            variant.decoder.generate(ids, min(plan.max_new_tokens, 16), variant.sampling)
+
+
+def _gamma(config: DecoderConfig) -> int | None:
+    if config.method in ("ar", "hf-greedy"):
+        return None
+    return config.max_small_steps if config.method == "bild" else config.gamma
+
+
+def _record(variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None) -> Record:
+    s = result.stats
+    uses_draft = variant.config.needs_draft and variant.draft is not None
+    return Record(
+        label=variant.label,
+        method=variant.config.method,
+        example_id=example.id,
+        subtask=example.subtask,
+        turn=turn,
+        repeat=repeat,
+        temperature=variant.sampling.temperature,
+        gamma=_gamma(variant.config),
+        target=variant.target.spec.name,
+        draft=variant.draft.spec.name if uses_draft else None,
+        prompt_tokens=s.prompt_tokens,
+        new_tokens=s.new_tokens,
+        prefill_s=s.prefill_s,
+        decode_s=s.decode_s,
+        total_s=s.total_s,
+        target_calls=s.target_calls,
+        draft_calls=s.draft_calls,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        drafted_per_position=s.drafted_per_position,
+        accepted_per_position=s.accepted_per_position,
+        rounds=s.rounds,
+        fallbacks=s.fallbacks,
+        rollbacks=s.rollbacks,
+        draft_tokens_kept=s.draft_tokens_kept,
+        propose_s=s.propose_s,
+        propose_calls=s.propose_calls,
+        tokens=result.tokens,
+        greedy_match=greedy_match,
+        draft_params=variant.draft.num_parameters if uses_draft else None,
+        params=variant.params,
+    )

@@ -1,0 +1,161 @@
+"""`draftlab bench`: every method on the same prompts, interleaved, with an honest report."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from rich.console import Console
+
+from draftlab import __version__
+from draftlab.bench.records import RunInfo
+from draftlab.bench.report import render
+from draftlab.bench.runner import BenchPlan, Variant, run_bench
+from draftlab.bench.suites import load_suite
+from draftlab.cli.common import (
+    add_method_args,
+    add_model_args,
+    decoder_config,
+    load_pair,
+    report_console,
+    sampling_from,
+)
+from draftlab.decode.methods import METHODS, NEEDS_DRAFT
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import LoadedModel
+
+DEFAULT_METHODS = "ar,sps,pld,hf-greedy,hf-assisted"
+
+
+def add_suite_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prompts")
+    g.add_argument("--suite", default="builtin", help="builtin, a JSONL file (Spec-Bench or generic), or hf:DATASET[:CONFIG]:SPLIT")
+    g.add_argument("--subtasks", default=None, help="comma-separated subtasks to run (default: all)")
+    g.add_argument("--limit", type=int, default=2, help="prompts per subtask (default 2)")
+    g.add_argument("--full", action="store_true", help="every prompt of the suite (ignores --limit)")
+    g.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    g.add_argument("--hf-field", default="text", help="hf suites: the text field")
+    g.add_argument("--hf-subtask", default="summarization", help="hf suites: the subtask name")
+    g.add_argument("--hf-instruction", default="Summarize the following article.\n\n{text}", help="hf suites: template")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=None, help="results folder (default: runs/<kind>-<time>)")
+    g.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    g.add_argument("--repeats", type=int, default=1)
+    g.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per variant")
+    g.add_argument("--per-example", action="store_true", help="also print the per-example timing table")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmark methods over a prompt suite, per subtask")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
+    add_model_args(p)
+    add_method_args(p)
+    add_suite_args(p)
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+def parse_list(text: str, kind, name: str) -> list:
+    try:
+        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DraftlabError(f"invalid {name} list: '{text}'") from None
+    if not values:
+        raise DraftlabError(f"empty {name} list")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    methods = parse_list(args.methods, str, "method")
+    for m in methods:
+        if m not in METHODS:
+            raise DraftlabError(f"unknown method '{m}' (choose from {', '.join(METHODS)})")
+    if "ar" not in methods:
+        methods.insert(0, "ar")  # speed-ups are always measured against our own AR baseline
+    configs = {m: decoder_config(args, m) for m in methods}
+    sampling = sampling_from(args)
+    examples = suite_examples(args)
+    target, draft = load_pair(args, any(m in NEEDS_DRAFT for m in methods))
+    variants = [Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m])) for m in methods]
+    return execute(args, "bench", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+
+
+def suite_examples(args: argparse.Namespace):
+    subtasks = [s.strip() for s in args.subtasks.split(",")] if args.subtasks else None
+    return load_suite(
+        args.suite,
+        subtasks,
+        None if args.full else args.limit,
+        hf_field=args.hf_field,
+        hf_subtask=args.hf_subtask,
+        hf_instruction=args.hf_instruction,
+    )
+
+
+def variant_params(args: argparse.Namespace, config, **extra) -> dict:
+    params = {
+        "use_cache": config.use_cache,
+        "attn_implementation": args.attn_implementation or "default",
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+    }
+    if config.method == "bild":
+        params.update(fallback_threshold=config.fallback_threshold, rollback_threshold=config.rollback_threshold)
+    if config.method == "pld":
+        params["max_ngram"] = config.max_ngram
+    params.update(extra)
+    return params
+
+
+def execute(
+    args: argparse.Namespace,
+    kind: str,
+    variants: list[Variant],
+    baselines: dict[str, str],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    examples,
+    extra: dict | None = None,
+) -> int:
+    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.resume and not args.out:
+        raise DraftlabError("--resume needs --out (the folder of the run to continue)")
+    plan = BenchPlan(
+        variants, examples, args.max_new_tokens, chat=not args.no_chat, repeats=args.repeats,
+        warmup=args.warmup, baselines=baselines,
+    )
+    info = RunInfo(
+        target=target.spec.name,
+        draft=draft.spec.name if draft else None,
+        dtype=target.spec.dtype if draft is None else f"{target.spec.dtype}/{draft.spec.dtype}",
+        device=target.spec.device if draft is None else f"{target.spec.device}/{draft.spec.device}",
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        baseline="ar" if "ar" in baselines.values() else next(iter(baselines.values())),
+        labels=[v.label for v in variants],
+        suite=args.suite,
+        extra={
+            "kind": kind,
+            "baselines": baselines,
+            "examples": len(examples),
+            "turns": sum(len(e.turns) for e in examples),
+            "repeats": args.repeats,
+            "chat": not args.no_chat,
+            "torch_threads": torch.get_num_threads(),
+            "versions": {"draftlab": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+            "host": {"machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version()},
+            **(extra or {}),
+        },
+    )
+    Console(stderr=True, quiet=args.quiet).print(f"[bold]draftlab {kind}[/] → {out}  ({len(examples)} examples, {len(variants)} variants)")
+    run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
+    render(out, report_console(False), per_example=args.per_example)
+    return 0

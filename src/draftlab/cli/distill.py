@@ -1,0 +1,158 @@
+"""`draftlab distill`: train a small draft for a target from the target's own responses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from draftlab.errors import DraftlabError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid positive integer: '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count: '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: '{text}'") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonneg_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "distill",
+        help="distill a small draft model for a target (KL to the target's own next-token distributions)",
+        description="Generate the target's responses to prompts (recording its top-k next-token log-probs), "
+        "then train a small Llama draft on them. Data shards and checkpoints live in the work folder, so an "
+        "interrupted run resumes where it stopped.",
+    )
+    p.add_argument("--target", required=True, help="hub id, local folder or registry name of the target")
+    p.add_argument("--out", required=True, help="folder for the draft (weights, tokenizer, recipe, log)")
+    p.add_argument(
+        "--work-dir", default=None, help="data shards and checkpoints (default: OUT.work beside OUT)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (target and training)")
+    p.add_argument("--target-dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
+    p.add_argument("--resume", action="store_true", help="require a checkpoint to continue from")
+    p.add_argument("--restart", action="store_true", help="ignore any checkpoint (data shards are kept)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON record")
+
+    d = p.add_argument_group("data")
+    d.add_argument(
+        "--prompts",
+        action="append",
+        help="JSONL prompt file ('prompt' or 'turns'); repeatable "
+        "(default: draftlab's distill_prompts.jsonl)",
+    )
+    d.add_argument("--no-default-prompts", action="store_true", help="without --prompts, use no prompt file")
+    d.add_argument(
+        "--text", action="append", help="plain-text file for instructions and raw text; repeatable"
+    )
+    d.add_argument("--corpus-prompts", type=_count, default=240, help="instructions built on --text passages")
+    d.add_argument("--raw-chunks", type=_count, default=32, help="raw --text chunks scored by the target")
+    d.add_argument("--raw-chars", type=_positive_int, default=1200, help="characters per raw chunk")
+    d.add_argument(
+        "--samples-per-prompt", type=_count, default=1, help="sampled responses besides the greedy one"
+    )
+    d.add_argument("--sample-temperature", type=_positive_float, default=0.8)
+    d.add_argument("--max-new-tokens", type=_positive_int, default=192, help="longest target response")
+    d.add_argument("--top-k", type=_positive_int, default=32, help="teacher log-probs kept per position")
+    d.add_argument("--gen-batch-size", type=_positive_int, default=32)
+    d.add_argument(
+        "--gen-minutes",
+        type=_nonneg_float,
+        default=None,
+        help="stop generating data after this many minutes and train on what is on disk (0: no generation)",
+    )
+    d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
+
+    m = p.add_argument_group("draft")
+    m.add_argument("--hidden-size", type=_positive_int, default=192)
+    m.add_argument("--layers", type=_positive_int, default=4)
+    m.add_argument("--intermediate-size", type=_positive_int, default=512)
+    m.add_argument("--heads", type=_positive_int, default=3)
+    m.add_argument("--kv-heads", type=_positive_int, default=1)
+
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=_positive_int, default=600)
+    t.add_argument("--batch-tokens", type=_positive_int, default=4096, help="tokens per optimizer step")
+    t.add_argument("--lr", type=_positive_float, default=2e-3)
+    t.add_argument("--warmup", type=_count, default=30)
+    t.add_argument("--weight-decay", type=_nonneg_float, default=0.01)
+    t.add_argument("--kl-weight", type=_nonneg_float, default=1.0)
+    t.add_argument("--ce-weight", type=_nonneg_float, default=0.5)
+    t.add_argument("--prompt-weight", type=_nonneg_float, default=0.2, help="loss weight of prompt positions")
+    t.add_argument("--raw-weight", type=_nonneg_float, default=0.3, help="loss weight of raw-text positions")
+    t.add_argument(
+        "--save-every", type=_positive_int, default=50, help="checkpoint (and export) every N steps"
+    )
+    t.add_argument(
+        "--autocast", choices=["auto", "on", "off"], default="auto", help="bf16 autocast in training"
+    )
+    t.add_argument("--log-every", type=_positive_int, default=10, help="train_log.jsonl line every N steps")
+    t.add_argument("--seed", type=int, default=0)
+
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--eval-prompts", default=None, help="held-out JSONL prompts (default: the builtin suite)")
+    e.add_argument(
+        "--eval-per-category", type=_count, default=2, help="prompts per category (0: no evaluation)"
+    )
+    e.add_argument("--eval-gamma", type=_positive_int, default=4)
+    e.add_argument("--eval-max-new-tokens", type=_positive_int, default=64)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kl_weight == 0 and args.ce_weight == 0:
+        raise DraftlabError("--kl-weight and --ce-weight are both 0: nothing to train")
+    if args.hidden_size % args.heads:
+        raise DraftlabError(f"--hidden-size {args.hidden_size} is not a multiple of --heads {args.heads}")
+    if args.heads % args.kv_heads:
+        raise DraftlabError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
+    if args.resume and args.restart:
+        raise DraftlabError("--resume and --restart contradict each other")
+    from draftlab.distill.pipeline import run as run_pipeline  # noqa: PLC0415 - keeps `--help` fast
+
+    result = run_pipeline(args)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    final = result.get("final") or {}
+    print(
+        f"draft written to {result['out']} after {result['steps']} steps (loss {final.get('loss', float('nan')):.3f})"
+    )
+    ev = result.get("evaluation")
+    if ev and ev.get("mean_acceptance_rate") is not None:
+        print(
+            f"held-out: mean acceptance {ev['mean_acceptance_rate']:.3f} over {ev['prompts']} prompts; "
+            f"AR {ev['ar_tokens_per_s']:.1f} tok/s, SPS {ev['sps_tokens_per_s']:.1f} tok/s ({ev['speedup']:.2f}×)"
+        )
+    return 0

@@ -1,0 +1,119 @@
+"""`draftlab sweep`: drafts × γ, BiLD thresholds, temperature, and the KV-cache/attention ablation."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from draftlab.bench.runner import Variant
+from draftlab.cli.bench import (
+    add_run_args,
+    add_suite_args,
+    execute,
+    parse_list,
+    suite_examples,
+    variant_params,
+)
+from draftlab.cli.common import (
+    add_method_args,
+    add_model_args,
+    decoder_config,
+    load_pair,
+    model_names,
+    sampling_from,
+    threshold,
+)
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import ModelSpec, check_compatible, load_model
+from draftlab.sampling import SamplingParams
+
+KINDS = ("gamma", "bild", "temperature", "ablation")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sweep", help="sweep drafts × γ, BiLD thresholds, temperature, or run the ablation")
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("--drafts", default=None, help="gamma: comma-separated drafts (default: --draft)")
+    p.add_argument("--gammas", default="1,2,3,4,6,8", help="gamma: values of γ")
+    p.add_argument("--fallbacks", default="0.5,0.6,0.7", help="bild: fallback thresholds")
+    p.add_argument("--rollbacks", default="3,4,5", help="bild: rollback thresholds")
+    p.add_argument("--temperatures", default="0,1", help="temperature: values")
+    p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
+    add_model_args(p)
+    add_method_args(p)
+    add_suite_args(p)
+    add_run_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    examples = suite_examples(args)
+    sampling = sampling_from(args)
+    base = decoder_config(args, "ar")
+    if args.kind == "gamma":
+        gammas = parse_list(args.gammas, int, "gamma")
+        target, default_draft = load_pair(args, need_draft=True)
+        drafts = [default_draft]
+        if args.drafts:
+            names = parse_list(args.drafts, str, "draft")
+            drafts = []
+            for name in names:
+                d = load_model(ModelSpec(name, args.draft_dtype or args.dtype, args.draft_device or args.device, args.attn_implementation))
+                check_compatible(target, d)
+                drafts.append(d)
+        variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
+        for d in drafts:
+            for g in gammas:
+                cfg = decoder_config(args, "sps", gamma=g)
+                label = f"sps γ={g}" if len(drafts) == 1 else f"sps {d.spec.name} γ={g}"
+                variants.append(Variant(label, cfg, target, d, sampling, variant_params(args, cfg)))
+        baselines = {v.label: "ar" for v in variants}
+        return execute(args, "sweep-gamma", variants, baselines, target, drafts[0], examples, {"gammas": gammas})
+    if args.kind == "bild":
+        fallbacks = parse_list(args.fallbacks, float, "fallback")
+        rollbacks = [threshold(x) for x in parse_list(args.rollbacks, str, "rollback")]
+        target, draft = load_pair(args, need_draft=True)
+        variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
+        for fb in fallbacks:
+            for rb in rollbacks:
+                cfg = dataclasses.replace(decoder_config(args, "bild"), fallback_threshold=fb, rollback_threshold=rb)
+                cfg.__post_init__()
+                variants.append(Variant(f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)))
+        return execute(args, "sweep-bild", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+    if args.kind == "temperature":
+        temperatures = parse_list(args.temperatures, float, "temperature")
+        cfg = decoder_config(args, args.method)
+        target, draft = load_pair(args, need_draft=cfg.needs_draft)
+        variants, baselines = [], {}
+        for t in temperatures:
+            params = SamplingParams(t, args.top_k, args.top_p, args.seed)
+            ar_label = f"ar T={t:g}"
+            variants.append(Variant(ar_label, base, target, None, params, variant_params(args, base)))
+            variants.append(Variant(f"{args.method} T={t:g}", cfg, target, draft, params, variant_params(args, cfg)))
+            baselines[ar_label] = ar_label
+            baselines[f"{args.method} T={t:g}"] = ar_label
+        return execute(args, "sweep-temperature", variants, baselines, target, draft, examples)
+    return _ablation(args, examples, sampling)
+
+
+def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+    """Seed 003's "combining methods": KV cache × attention implementation × speculative decoding."""
+    target_name, draft_name = model_names(args, need_draft=True)
+    if draft_name is None:
+        raise DraftlabError("the ablation needs a draft model: pass --draft")
+    variants, baselines = [], {}
+    plain = "ar no-cache eager"
+    first_target = first_draft = None
+    for attn in ("eager", "sdpa"):
+        target = load_model(ModelSpec(target_name, args.target_dtype or args.dtype, args.target_device or args.device, attn))
+        draft = load_model(ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn))
+        check_compatible(target, draft)
+        first_target, first_draft = first_target or target, first_draft or draft
+        for use_cache in (False, True):
+            for method in ("ar", args.method):
+                cfg = dataclasses.replace(decoder_config(args, method), use_cache=use_cache)
+                label = f"{method} {'cache' if use_cache else 'no-cache'} {attn}"
+                params = variant_params(args, cfg, attn_implementation=attn)
+                variants.append(Variant(label, cfg, target, draft, sampling, params))
+                baselines[label] = plain
+    return execute(args, "ablation", variants, baselines, first_target, first_draft, examples)

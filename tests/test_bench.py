@@ -1,0 +1,169 @@
+"""`draftlab bench` end to end on tiny models: files, report equality, resume, malformed suites."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftlab.bench.records import read_records
+from draftlab.bench.suites import load_suite, parse_jsonl
+from draftlab.cli import main
+from draftlab.errors import DraftlabError
+
+SUITE_ROWS = [
+    {"id": "s1", "category": "summarization", "prompt": "the cat sat on the mat and then the dog ran on the mat"},
+    {"id": "s2", "category": "summarization", "prompt": "law court contract clause paid month year the court"},
+    {"id": "q1", "category": "qa", "prompt": "the big red tree and the small blue house"},
+    {"id": "m1", "category": "multi-turn", "turns": ["the river ran under the tree", "and then the dog sat"]},
+]
+
+
+@pytest.fixture()
+def suite_file(tmp_path):
+    path = tmp_path / "suite.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in SUITE_ROWS))
+    return path
+
+
+def bench_args(tiny_pair, suite_file, out, *extra):
+    target, draft = tiny_pair["llama"]
+    return [
+        "bench", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+        "--suite", str(suite_file), "--full", "--max-new-tokens", "12", "--out", str(out),
+        "--methods", "ar,sps,pld,bild,hf-greedy,hf-assisted", "--quiet", "--warmup", "0", *extra,
+    ]
+
+
+def test_bench_end_to_end_and_report_equals_live(tiny_pair, suite_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(bench_args(tiny_pair, suite_file, out)) == 0
+    live = capsys.readouterr().out
+    for name in ("results.jsonl", "run.json", "summary.json", "summary.csv", "report.md", "per_example.csv",
+                 "speedup_by_subtask.png", "acceptance_vs_gamma.png", "tokens_per_s_vs_draft_size.png"):
+        assert (out / name).exists(), name
+    records = read_records(out / "results.jsonl")
+    # 3 single-turn examples + 1 two-turn example, 6 methods each.
+    assert len(records) == (3 + 2) * 6
+    assert {r.turn for r in records if r.example_id == "m1"} == {0, 1}
+    for r in records:
+        if r.method in ("sps", "pld", "hf-greedy", "hf-assisted"):
+            assert r.greedy_match is True, (r.label, r.example_id, r.turn)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["sps"]["greedy_match_rate"] == 1.0
+    assert "Overall" in live
+
+    (out / "summary.json").unlink()
+    assert main(["report", str(out), "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_resume_after_interruption_neither_duplicates_nor_loses(tiny_pair, suite_file, tmp_path):
+    out = tmp_path / "run"
+    args = bench_args(tiny_pair, suite_file, out, "--methods", "ar,sps")
+    assert main(args) == 0
+    full = read_records(out / "results.jsonl")
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    # Cut the file mid-run: 3 complete lines and half of the 4th.
+    (out / "results.jsonl").write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    assert main(args) == 2  # refuses to overwrite without --resume
+    assert main([*args, "--resume"]) == 0
+    resumed = read_records(out / "results.jsonl")
+    keys = [(r.label, r.key) for r in resumed]
+    assert len(keys) == len(set(keys)) == len(full)
+    assert sorted(keys) == sorted((r.label, r.key) for r in full)
+    assert [r.tokens for r in resumed[:3]] == [r.tokens for r in full[:3]]
+
+
+def test_resume_refuses_a_different_configuration(tiny_pair, suite_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(bench_args(tiny_pair, suite_file, out, "--methods", "ar")) == 0
+    assert main(bench_args(tiny_pair, suite_file, out, "--methods", "ar", "--max-new-tokens", "5", "--resume")) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+
+
+def test_malformed_jsonl_names_file_and_line(tiny_pair, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(SUITE_ROWS[0]) + "\n" + '{"id": "x", "category": "qa", "prompt": \n')
+    out = tmp_path / "run"
+    assert main(bench_args(tiny_pair, bad, out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{bad}:2" in err
+    assert not (out / "results.jsonl").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"id": 1, "category": "qa"}', "needs 'prompt' or 'turns'"),
+        ('{"id": 1, "turns": []}', "'turns' must be"),
+        ('{"id": 1, "prompt": ""}', "'prompt' must be"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
+def test_malformed_rows(line, message):
+    with pytest.raises(DraftlabError, match=message):
+        parse_jsonl(line + "\n", "f.jsonl")
+
+
+def test_builtin_suite_shape():
+    examples = load_suite("builtin", limit=None)
+    by_subtask = {}
+    for e in examples:
+        by_subtask.setdefault(e.subtask, []).append(e)
+    assert set(by_subtask) == {
+        "multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag", "law analytics", "grammar correction",
+    }
+    assert all(len(v) >= 10 for v in by_subtask.values())
+    assert all(len(e.turns) == 2 for e in by_subtask["multi-turn"])
+    for name in ("summarization", "rag", "law analytics"):
+        assert all(len(e.turns[0].split()) >= 200 for e in by_subtask[name])
+    assert len(load_suite("builtin", ["qa", "rag"], limit=3)) == 6
+
+
+def test_spec_bench_format(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+        {"question_id": 82, "category": "translation", "turns": ["Translate: bonjour"], "reference": ["hello"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples = load_suite(str(path))
+    assert [(e.id, e.subtask, len(e.turns)) for e in examples] == [("81", "multi-turn", 2), ("82", "translation", 1)]
+    with pytest.raises(DraftlabError, match="unknown subtask 'math'"):
+        load_suite(str(path), ["math"])
+
+
+def test_hf_suite_offline_is_a_clear_error():
+    with pytest.raises(DraftlabError, match="datasets|could not be loaded"):
+        load_suite("hf:csebuetnlp/xlsum:japanese:test")
+
+
+def test_seed_flag_names_are_aliases(tiny_pair, suite_file, tmp_path):
+    target, draft = tiny_pair["llama"]
+    out = tmp_path / "seed"
+    args = [
+        "bench", "--target_model_name", str(target), "--approx_model_name", str(draft), "--temperature", "0",
+        "--max_tokens", "6", "--dtype", "float32", "--suite", str(suite_file), "--limit", "1",
+        "--methods", "sps", "--out", str(out), "--quiet", "--warmup", "0",
+    ]
+    assert main(args) == 0
+    records = read_records(out / "results.jsonl")
+    assert {r.label for r in records} == {"ar", "sps"}
+    assert all(r.new_tokens <= 6 for r in records)
+
+
+def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
+    target, draft = tiny_pair["llama"]
+    common = ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--suite", str(suite_file),
+              "--subtasks", "qa", "--limit", "1", "--max-new-tokens", "6", "--quiet", "--warmup", "0"]
+    for kind, extra, labels in [
+        ("gamma", ["--gammas", "1,2"], {"ar", "sps γ=1", "sps γ=2"}),
+        ("bild", ["--fallbacks", "0.5", "--rollbacks", "2,inf"], {"ar", "bild fb=0.5 rb=2", "bild fb=0.5 rb=inf"}),
+        ("temperature", ["--temperatures", "0,1"], {"ar T=0", "sps T=0", "ar T=1", "sps T=1"}),
+        ("ablation", [], {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")}),
+    ]:
+        out = tmp_path / kind
+        assert main(["sweep", kind, *common, *extra, "--out", str(out)]) == 0, kind
+        assert {r.label for r in read_records(out / "results.jsonl")} == labels
+        assert (out / "report.md").exists()
