@@ -19,8 +19,8 @@ Definitions of the speculative-decoding figures (per group):
   first rejection (a rollback) or after γ successes; successes / (successes + failures) is the
   maximum-likelihood estimate of α. accepted/drafted is biased low as an estimate of α, because
   the draft tokens after a rejection were never tried but still count as drafted.
-* mean_accepted_length = Σ new tokens / Σ target forward passes (prefill included): tokens per
-  target call, the target's own token included (1.0 for AR).
+* mean_accepted_length = Σ new tokens / Σ verification rounds: tokens per round, the target's own
+  token included (1.0 for AR), as vLLM and Spec-Bench count it.
 * cost_ratio c = draft step time / target step time. Draft step = Σ propose_s / Σ propose_calls
   over the group's records; target step = Σ decode_s / Σ (target_calls − 1) over the baseline's
   records of the same group (AR runs one target forward per decode token). `None` when there is
@@ -60,8 +60,8 @@ def ratio(numerator: float, denominator: float) -> float | None:
 
 
 def decode_tokens(record: Record) -> int:
-    """Tokens produced after the prefill: the first new token comes out of the prefill pass."""
-    return max(record.new_tokens - 1, 0)
+    """Tokens produced after the prefill phase, whose first round may already yield several."""
+    return max(record.new_tokens - record.first_tokens, 0)
 
 
 # ---------------------------------------------------------------- throughput

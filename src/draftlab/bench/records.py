@@ -47,6 +47,7 @@ class Record:
     propose_s: float
     propose_calls: int
     tokens: list[int]
+    first_tokens: int = 1  # tokens out at prefill_s (the first round may accept several)
     greedy_match: bool | None = None  # same tokens as the baseline's for this example/turn/repeat
     draft_params: int | None = None
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)

@@ -106,7 +106,7 @@ PER_EXAMPLE_FIELDS = (
 
 DEFINITIONS = """\
 - **tokens/s** = Σ new tokens / Σ generation seconds (prefill included) over the group; **decode tokens/s** =
-  Σ (new tokens − 1) / Σ decode seconds (the first token comes out of the prefill). Ratios of sums, never a
+  Σ (new tokens − tokens of the first round) / Σ decode seconds (the first round belongs to the prefill). Ratios of sums, never a
   mean of per-example rates; generations with 0 new tokens count (their time stays in the denominator).
 - **speed-up** = (Σ tokens / Σ s of the method) / (Σ tokens / Σ s of the baseline) on the generations
   (example, turn, repeat) both have; **[95% CI]**: percentile bootstrap over those generations
@@ -379,7 +379,7 @@ def _vs_plain(r: dict) -> str:
 def per_example_rows(records: Sequence[Record]) -> list[dict]:
     rows = []
     for r in records:
-        per_token = ratio(r.decode_s, decode_tokens(r)) if r.new_tokens >= 2 else None
+        per_token = ratio(r.decode_s, decode_tokens(r))
         rows.append(
             {
                 "example_id": r.example_id,

@@ -28,7 +28,7 @@ from draftlab.decode.methods import METHODS, NEEDS_DRAFT
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 
-DEFAULT_METHODS = "ar,sps,pld,hf-greedy,hf-assisted"
+DEFAULT_METHODS = "ar,sps,pld,hf-assisted"
 
 
 def add_suite_args(p: argparse.ArgumentParser) -> None:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{args.method} · target {target.spec.name}" + (f" · draft {draft.spec.name}" if draft else ""))
     for col in ("new tokens", "total s", "prefill ms", "decode ms/token", "tokens/s", "target calls", "draft calls", "acceptance α", "mean accepted"):
         table.add_column(col, justify="right")
-    per_tok = s.decode_s * 1000 / max(s.new_tokens - 1, 1)
+    per_tok = s.decode_s * 1000 / max(s.new_tokens - s.first_tokens, 1)
     table.add_row(
         str(s.new_tokens),
         f"{s.total_s:.3f}",

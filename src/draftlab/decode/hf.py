@@ -18,11 +18,13 @@ class _FirstTokenClock(BaseStreamer):
         self.devices = devices
         self.calls = 0
         self.first_token_at: float | None = None
+        self.first_chunk = 0
 
     def put(self, value: torch.Tensor) -> None:
         self.calls += 1
         if self.calls == 2:
             self.first_token_at = synchronized_clock(self.devices)
+            self.first_chunk = int(value.numel())
 
     def end(self) -> None:
         pass
@@ -99,6 +101,7 @@ class HFGenerateDecoder:
             prompt_tokens=len(prompt_ids),
             new_tokens=len(tokens),
             prefill_s=first - t0,
+            first_tokens=min(clock.first_chunk, len(tokens)),
             decode_s=t_end - first,
             target_calls=target_counter.calls,
             rounds=target_counter.calls,  # every target pass of generate() yields at least one token

@@ -27,6 +27,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0  # time to the first new token(s): prompt processing by every model + round 1
+    first_tokens: int = 0  # tokens that the first round produced (out at prefill_s)
     decode_s: float = 0.0  # everything after the first round
     target_calls: int = 0  # target forward passes, the prefill included
     draft_calls: int = 0  # draft forward passes, its prefill included
@@ -175,6 +176,7 @@ class SpeculativeDecoder:
             if t_first is None:
                 t_first = synchronized_clock(devices)
                 stats.prefill_s = t_first - t0
+                stats.first_tokens = len(new)
 
         t1 = t_first if t_first is not None else synchronized_clock(devices)
         stats.decode_s = synchronized_clock(devices) - t1

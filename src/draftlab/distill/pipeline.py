@@ -200,6 +200,17 @@ def run(args: argparse.Namespace) -> dict:
         export(draft, target, out)
         _write_recipe(out, args, config, cfg, data_summary, step, extra, None, gen_seconds)
 
+    tc = target.model.config
+    data_summary["teacher"] = {
+        "name": args.target,
+        "model_type": tc.model_type,
+        "num_hidden_layers": getattr(tc, "num_hidden_layers", None),
+        "hidden_size": getattr(tc, "hidden_size", None),
+        "vocab_size": target.vocab_size,
+        "parameters": target.num_parameters,
+        "dtype": args.target_dtype,
+    }
+
     with _progress(show and start_step < cfg.steps) as progress:
         task = (
             progress.add_task("distill", total=cfg.steps, completed=start_step, info="") if progress else None
