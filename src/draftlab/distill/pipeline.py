@@ -179,13 +179,7 @@ def run(args: argparse.Namespace) -> dict:
         optimizer_state = checkpoint["optimizer"]
         train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
     else:
-        norm = getattr(target.model.model, "norm", None) if hasattr(target.model, "model") else None
-        draft = T.init_draft(
-            config,
-            target.model.get_input_embeddings().weight,
-            args.seed,
-            norm.weight if norm is not None else None,
-        )
+        draft = T.init_draft(config, target.model.get_input_embeddings().weight, args.seed)
     draft.generation_config = target.model.generation_config
 
     log_path = out / "train_log.jsonl"

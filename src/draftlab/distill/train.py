@@ -80,14 +80,8 @@ def draft_config(target_config, shape: DraftShape, vocab_size: int) -> LlamaConf
     )
 
 
-def init_draft(
-    config: LlamaConfig, target_embedding: torch.Tensor, seed: int, final_norm: torch.Tensor | None = None
-) -> LlamaForCausalLM:
-    """A fresh draft whose embedding is the target's, projected onto its top singular directions.
-
-    With the target's final norm weight given, the draft's final norm starts at its RMS, so the
-    draft's first logits have about the target's scale instead of being far too peaked.
-    """
+def init_draft(config: LlamaConfig, target_embedding: torch.Tensor, seed: int) -> LlamaForCausalLM:
+    """A fresh draft whose embedding is the target's, projected onto its top singular directions."""
     torch.manual_seed(seed)
     draft = LlamaForCausalLM(config)
     emb = target_embedding.detach().float().cpu()
@@ -101,9 +95,6 @@ def init_draft(
     with torch.no_grad():
         weight = draft.get_input_embeddings().weight
         weight[:rows] = projected[:rows].to(weight.dtype)
-        norm = getattr(getattr(draft, "model", None), "norm", None)
-        if final_norm is not None and norm is not None:
-            norm.weight.fill_(float(final_norm.detach().float().pow(2).mean().sqrt()))
     draft.tie_weights()
     return draft
 
