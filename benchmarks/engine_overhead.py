@@ -30,9 +30,17 @@ VOCAB = 32000
 def build(directory: Path, hidden: int, layers: int, inter: int, heads: int, kv: int, seed: int) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
-        tie_word_embeddings=True, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
@@ -71,11 +79,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     target = load_model(ModelSpec(str(build(root / "t", 768, 12, 2048, 12, 4, 0)), dtype="bfloat16"))
     draft = load_model(ModelSpec(str(build(root / "d", 128, 2, 384, 4, 2, 1)), dtype="bfloat16"))
-    print(f"target {target.num_parameters / 1e6:.1f}M, draft {draft.num_parameters / 1e6:.1f}M, "
-          f"bf16, {torch.get_num_threads()} threads")
+    print(
+        f"target {target.num_parameters / 1e6:.1f}M, draft {draft.num_parameters / 1e6:.1f}M, "
+        f"bf16, {torch.get_num_threads()} threads"
+    )
     greedy = SamplingParams()
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(VOCAB, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.rounds)]
+    prompts = [
+        torch.randint(VOCAB, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.rounds)
+    ]
 
     sps = build_decoder(DecoderConfig(method="sps", gamma=4), target, draft)
     ar = build_decoder(DecoderConfig(method="ar"), target)
@@ -91,8 +103,10 @@ def main() -> None:
         wall = time.perf_counter() - t0
         timer.remove()
         shares.append(1 - timer.total / wall)
-    print(f"sps: time outside model forwards = {statistics.median(shares):.1%} median "
-          f"(min {min(shares):.1%}, max {max(shares):.1%}); last acceptance {out.stats.acceptance_rate:.2f}")
+    print(
+        f"sps: time outside model forwards = {statistics.median(shares):.1%} median "
+        f"(min {min(shares):.1%}, max {max(shares):.1%}); last acceptance {out.stats.acceptance_rate:.2f}"
+    )
 
     ratios, ar_rates, hf_rates = [], [], []
     for ids in prompts:
@@ -102,9 +116,11 @@ def main() -> None:
         ar_rates.append(a.stats.new_tokens / a.stats.total_s)
         hf_rates.append(h.stats.new_tokens / h.stats.total_s)
         ratios.append(ar_rates[-1] / hf_rates[-1])
-    print(f"ar {statistics.median(ar_rates):.1f} tok/s vs hf-greedy {statistics.median(hf_rates):.1f} tok/s: "
-          f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), "
-          "identical tokens")
+    print(
+        f"ar {statistics.median(ar_rates):.1f} tok/s vs hf-greedy {statistics.median(hf_rates):.1f} tok/s: "
+        f"median ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), "
+        "identical tokens"
+    )
 
 
 if __name__ == "__main__":

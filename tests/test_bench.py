@@ -12,8 +12,16 @@ from draftlab.cli import main
 from draftlab.errors import DraftlabError
 
 SUITE_ROWS = [
-    {"id": "s1", "category": "summarization", "prompt": "the cat sat on the mat and then the dog ran on the mat"},
-    {"id": "s2", "category": "summarization", "prompt": "law court contract clause paid month year the court"},
+    {
+        "id": "s1",
+        "category": "summarization",
+        "prompt": "the cat sat on the mat and then the dog ran on the mat",
+    },
+    {
+        "id": "s2",
+        "category": "summarization",
+        "prompt": "law court contract clause paid month year the court",
+    },
     {"id": "q1", "category": "qa", "prompt": "the big red tree and the small blue house"},
     {"id": "m1", "category": "multi-turn", "turns": ["the river ran under the tree", "and then the dog sat"]},
 ]
@@ -29,9 +37,26 @@ def suite_file(tmp_path):
 def bench_args(tiny_pair, suite_file, out, *extra):
     target, draft = tiny_pair["llama"]
     return [
-        "bench", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
-        "--suite", str(suite_file), "--full", "--max-new-tokens", "12", "--out", str(out),
-        "--methods", "ar,sps,pld,bild,hf-greedy,hf-assisted", "--quiet", "--warmup", "0", *extra,
+        "bench",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--dtype",
+        "float32",
+        "--suite",
+        str(suite_file),
+        "--full",
+        "--max-new-tokens",
+        "12",
+        "--out",
+        str(out),
+        "--methods",
+        "ar,sps,pld,bild,hf-greedy,hf-assisted",
+        "--quiet",
+        "--warmup",
+        "0",
+        *extra,
     ]
 
 
@@ -39,8 +64,17 @@ def test_bench_end_to_end_and_report_equals_live(tiny_pair, suite_file, tmp_path
     out = tmp_path / "run"
     assert main(bench_args(tiny_pair, suite_file, out)) == 0
     live = capsys.readouterr().out
-    for name in ("results.jsonl", "run.json", "summary.json", "summary.csv", "report.md", "per_example.csv",
-                 "speedup_by_subtask.png", "acceptance_vs_gamma.png", "tokens_per_s_vs_draft_size.png"):
+    for name in (
+        "results.jsonl",
+        "run.json",
+        "summary.json",
+        "summary.csv",
+        "report.md",
+        "per_example.csv",
+        "speedup_by_subtask.png",
+        "acceptance_vs_gamma.png",
+        "tokens_per_s_vs_draft_size.png",
+    ):
         assert (out / name).exists(), name
     records = read_records(out / "results.jsonl")
     # 3 single-turn examples + 1 two-turn example, 6 methods each.
@@ -78,7 +112,10 @@ def test_resume_after_interruption_neither_duplicates_nor_loses(tiny_pair, suite
 def test_resume_refuses_a_different_configuration(tiny_pair, suite_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(bench_args(tiny_pair, suite_file, out, "--methods", "ar")) == 0
-    assert main(bench_args(tiny_pair, suite_file, out, "--methods", "ar", "--max-new-tokens", "5", "--resume")) == 2
+    assert (
+        main(bench_args(tiny_pair, suite_file, out, "--methods", "ar", "--max-new-tokens", "5", "--resume"))
+        == 2
+    )
     assert "max_new_tokens" in capsys.readouterr().err
 
 
@@ -112,7 +149,14 @@ def test_builtin_suite_shape():
     for e in examples:
         by_subtask.setdefault(e.subtask, []).append(e)
     assert set(by_subtask) == {
-        "multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag", "law analytics", "grammar correction",
+        "multi-turn",
+        "translation",
+        "summarization",
+        "qa",
+        "math_reasoning",
+        "rag",
+        "law analytics",
+        "grammar correction",
     }
     assert all(len(v) >= 10 for v in by_subtask.values())
     assert all(len(e.turns) == 2 for e in by_subtask["multi-turn"])
@@ -125,11 +169,19 @@ def test_spec_bench_format(tmp_path):
     path = tmp_path / "question.jsonl"
     rows = [
         {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
-        {"question_id": 82, "category": "translation", "turns": ["Translate: bonjour"], "reference": ["hello"]},
+        {
+            "question_id": 82,
+            "category": "translation",
+            "turns": ["Translate: bonjour"],
+            "reference": ["hello"],
+        },
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     examples = load_suite(str(path))
-    assert [(e.id, e.subtask, len(e.turns)) for e in examples] == [("81", "multi-turn", 2), ("82", "translation", 1)]
+    assert [(e.id, e.subtask, len(e.turns)) for e in examples] == [
+        ("81", "multi-turn", 2),
+        ("82", "translation", 1),
+    ]
     with pytest.raises(DraftlabError, match="unknown subtask 'math'"):
         load_suite(str(path), ["math"])
 
@@ -143,9 +195,28 @@ def test_seed_flag_names_are_aliases(tiny_pair, suite_file, tmp_path):
     target, draft = tiny_pair["llama"]
     out = tmp_path / "seed"
     args = [
-        "bench", "--target_model_name", str(target), "--approx_model_name", str(draft), "--temperature", "0",
-        "--max_tokens", "6", "--dtype", "float32", "--suite", str(suite_file), "--limit", "1",
-        "--methods", "sps", "--out", str(out), "--quiet", "--warmup", "0",
+        "bench",
+        "--target_model_name",
+        str(target),
+        "--approx_model_name",
+        str(draft),
+        "--temperature",
+        "0",
+        "--max_tokens",
+        "6",
+        "--dtype",
+        "float32",
+        "--suite",
+        str(suite_file),
+        "--limit",
+        "1",
+        "--methods",
+        "sps",
+        "--out",
+        str(out),
+        "--quiet",
+        "--warmup",
+        "0",
     ]
     assert main(args) == 0
     records = read_records(out / "results.jsonl")
@@ -155,13 +226,38 @@ def test_seed_flag_names_are_aliases(tiny_pair, suite_file, tmp_path):
 
 def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
     target, draft = tiny_pair["llama"]
-    common = ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--suite", str(suite_file),
-              "--subtasks", "qa", "--limit", "1", "--max-new-tokens", "6", "--quiet", "--warmup", "0"]
+    common = [
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--dtype",
+        "float32",
+        "--suite",
+        str(suite_file),
+        "--subtasks",
+        "qa",
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--quiet",
+        "--warmup",
+        "0",
+    ]
     for kind, extra, labels in [
         ("gamma", ["--gammas", "1,2"], {"ar", "sps γ=1", "sps γ=2"}),
-        ("bild", ["--fallbacks", "0.5", "--rollbacks", "2,inf"], {"ar", "bild fb=0.5 rb=2", "bild fb=0.5 rb=inf"}),
+        (
+            "bild",
+            ["--fallbacks", "0.5", "--rollbacks", "2,inf"],
+            {"ar", "bild fb=0.5 rb=2", "bild fb=0.5 rb=inf"},
+        ),
         ("temperature", ["--temperatures", "0,1"], {"ar T=0", "sps T=0", "ar T=1", "sps T=1"}),
-        ("ablation", [], {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")}),
+        (
+            "ablation",
+            [],
+            {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")},
+        ),
     ]:
         out = tmp_path / kind
         assert main(["sweep", kind, *common, *extra, "--out", str(out)]) == 0, kind

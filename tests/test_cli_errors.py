@@ -27,17 +27,31 @@ def gen(models, *extra, prompt="the cat sat"):
 
 
 def test_unknown_model_path(capsys, tmp_path):
-    check(capsys, ["generate", "--target", str(tmp_path / "missing"), "--method", "ar", "x"], "missing", "not found")
+    check(
+        capsys,
+        ["generate", "--target", str(tmp_path / "missing"), "--method", "ar", "x"],
+        "missing",
+        "not found",
+    )
 
 
 def test_unknown_hub_id_offline(capsys):
-    check(capsys, ["generate", "--target", "no-such-org/no-such-model", "--method", "ar", "x"], "no-such-org/no-such-model", "offline")
+    check(
+        capsys,
+        ["generate", "--target", "no-such-org/no-such-model", "--method", "ar", "x"],
+        "no-such-org/no-such-model",
+        "offline",
+    )
 
 
 def test_incompatible_tokenizers(capsys, models, stories):
     target, _ = models
-    check(capsys, ["generate", "--target", str(target), "--draft", str(stories), "--dtype", "float32", "x"],
-          "incompatible tokenizers", str(stories))
+    check(
+        capsys,
+        ["generate", "--target", str(target), "--draft", str(stories), "--dtype", "float32", "x"],
+        "incompatible tokenizers",
+        str(stories),
+    )
 
 
 @pytest.mark.parametrize(
@@ -48,8 +62,14 @@ def test_incompatible_tokenizers(capsys, models, stories):
         (["--temperature", "-0.5"], "temperature must be >= 0, got -0.5"),
         (["--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
         (["--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
-        (["--method", "bild", "--fallback-threshold", "1.5"], "fallback threshold must be in [0, 1], got 1.5"),
-        (["--method", "bild", "--rollback-threshold", "-1"], "rollback threshold must be > 0 (or inf), got -1.0"),
+        (
+            ["--method", "bild", "--fallback-threshold", "1.5"],
+            "fallback threshold must be in [0, 1], got 1.5",
+        ),
+        (
+            ["--method", "bild", "--rollback-threshold", "-1"],
+            "rollback threshold must be > 0 (or inf), got -1.0",
+        ),
         (["--method", "bild", "--rollback-threshold", "abc"], "'abc'"),
         (["--gamma", "two"], "'two'"),
         (["--method", "nope"], "'nope'"),
@@ -64,7 +84,11 @@ def test_empty_prompt(capsys, models):
 
 
 def test_prompt_longer_than_context(capsys, models):
-    check(capsys, gen(models, "--method", "ar", prompt="the cat sat on the mat " * 200), "exceeds the model's context of 512")
+    check(
+        capsys,
+        gen(models, "--method", "ar", prompt="the cat sat on the mat " * 200),
+        "exceeds the model's context of 512",
+    )
 
 
 def test_generate_prints_text_and_json(capsys, models):

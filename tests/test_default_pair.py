@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from draftlab.bench.suites import load_suite
 from draftlab.decode import DecoderConfig, build_decoder
@@ -41,15 +42,19 @@ def test_shipped_draft_is_small_and_registered():
 
 def test_greedy_sps_and_pld_reproduce_ar_in_float32(pair):
     target, draft = pair
-    examples = load_suite("builtin", ["qa", "summarization", "multi-turn"], limit=1)
-    drafted = accepted = 0
-    for example in examples:
+    agree = total = 0
+    for example in load_suite("builtin", limit=1):  # one prompt of every subtask
         ids = encode_prompt(target, example.turns[0], chat=True)
         ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 24, SamplingParams())
         for method in ("sps", "pld"):
-            out = build_decoder(DecoderConfig(method=method), target, draft).generate(ids, 24, SamplingParams())
+            out = build_decoder(DecoderConfig(method=method), target, draft).generate(
+                ids, 24, SamplingParams()
+            )
             assert out.tokens == ar.tokens, (example.id, method)
-            if method == "sps":
-                drafted += out.stats.drafted
-                accepted += out.stats.accepted
-    assert accepted / drafted > 0.3
+        # Teacher-forced: how often the draft's top-1 is the target's greedy token (chance: 1/49152).
+        with torch.inference_mode():
+            logits = draft.model(torch.tensor([ids + ar.tokens])).logits[0, len(ids) - 1 : -1]
+        agree += int((logits.argmax(-1) == torch.tensor(ar.tokens)).sum())
+        total += len(ar.tokens)
+    # The shipped draft agrees about 25% of the time (README); a broken or mismatched one ~0%.
+    assert agree / total >= 0.15

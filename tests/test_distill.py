@@ -167,3 +167,20 @@ def test_distill_bad_inputs(inputs, tmp_path, capsys):
     assert "needs a 'prompt'" in capsys.readouterr().err
     assert main(_args(target, tmp_path / "o2", prompts, text, "--resume")) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_distill_can_start_from_an_existing_draft(inputs):
+    root, target, prompts, text, _ = inputs
+    first, second = root / "first", root / "second"
+    assert main(_args(target, first, prompts, text, "--steps", "2", "--eval-per-category", "0")) == 0
+    assert main(
+        _args(target, second, prompts, text, "--steps", "1", "--lr", "1e-9", "--warmup", "0",
+              "--eval-per-category", "0", "--init-from", str(first), "--work-dir", str(root / "second.work"))
+    ) == 0  # fmt: skip
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    # A near-zero learning rate keeps the weights where --init-from put them.
+    key = "model.embed_tokens.weight"
+    assert torch.allclose(a[key].float(), b[key].float(), atol=1e-2)

@@ -11,7 +11,10 @@ from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
 GREEDY = SamplingParams()
-PROMPTS = ["the cat sat on the mat and then the dog ran", "law court contract clause paid month year the big red tree"]
+PROMPTS = [
+    "the cat sat on the mat and then the dog ran",
+    "law court contract clause paid month year the big red tree",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,9 @@ def loaded(tiny_pair):
 
 def run(method, target, draft, prompt, max_new=40, gamma=4, **kw):
     ids = encode_prompt(target, prompt, chat=False)
-    return build_decoder(DecoderConfig(method=method, gamma=gamma, **kw), target, draft).generate(ids, max_new, GREEDY)
+    return build_decoder(DecoderConfig(method=method, gamma=gamma, **kw), target, draft).generate(
+        ids, max_new, GREEDY
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -94,7 +99,9 @@ def test_bild_limits(loaded):
     small_ar = build_decoder(DecoderConfig(method="ar"), draft).generate(
         encode_prompt(draft, PROMPTS[0], chat=False), 40, GREEDY
     )
-    small_only = run("bild", target, draft, PROMPTS[0], fallback_threshold=0.0, rollback_threshold=float("inf"))
+    small_only = run(
+        "bild", target, draft, PROMPTS[0], fallback_threshold=0.0, rollback_threshold=float("inf")
+    )
     assert small_only.tokens == small_ar.tokens
     assert small_only.stats.fallbacks == 0 and small_only.stats.rollbacks == 0
 

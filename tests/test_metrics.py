@@ -213,7 +213,9 @@ def test_bootstrap_ci_contains_estimate_and_is_reproducible(records, run, summar
 
 def test_zero_denominators_give_none(records):
     zero = [
-        dataclasses.replace(r, new_tokens=0, prefill_s=0.0, decode_s=0.0, total_s=0.0, target_calls=0, rounds=0)
+        dataclasses.replace(
+            r, new_tokens=0, prefill_s=0.0, decode_s=0.0, total_s=0.0, target_calls=0, rounds=0
+        )
         for r in records
         if r.label == "sps"
     ]

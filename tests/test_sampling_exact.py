@@ -39,9 +39,16 @@ class ResampleFromTargetRule(SpeculativeRule):
 def _tiny_vocab_model(directory, seed):
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -96,7 +103,9 @@ def chi_square_p(counts: np.ndarray, joint: np.ndarray) -> float:
 
 
 def _decoder(target, draft, rule):
-    return SpeculativeDecoder(CachedModel(target), DraftModelProposer(CachedModel(draft), target.vocab_size), rule, gamma=2)
+    return SpeculativeDecoder(
+        CachedModel(target), DraftModelProposer(CachedModel(draft), target.vocab_size), rule, gamma=2
+    )
 
 
 def test_sps_samples_follow_the_target_distribution(pair):

@@ -38,7 +38,8 @@ WORDS = (
 def corpus(n: int = 400) -> list[str]:
     gen = torch.Generator().manual_seed(0)
     return [
-        " ".join(WORDS[i] for i in torch.randint(len(WORDS), (12,), generator=gen).tolist()) + "." for _ in range(n)
+        " ".join(WORDS[i] for i in torch.randint(len(WORDS), (12,), generator=gen).tolist()) + "."
+        for _ in range(n)
     ]
 
 
@@ -65,32 +66,56 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
     common = dict(vocab_size=vocab, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
     if family == "opt":
         return OPTForCausalLM, OPTConfig(
-            hidden_size=hidden, num_hidden_layers=layers, ffn_dim=2 * hidden, num_attention_heads=4,
-            max_position_embeddings=512, word_embed_proj_dim=hidden, **common,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            ffn_dim=2 * hidden,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            word_embed_proj_dim=hidden,
+            **common,
         )
     if family == "llama":
         return LlamaForCausalLM, LlamaConfig(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, **common,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            **common,
         )
     if family == "bloom":
         return BloomForCausalLM, BloomConfig(hidden_size=hidden, n_layer=layers, n_head=4, **common)
     if family == "gpt_neox":
         return GPTNeoXForCausalLM, GPTNeoXConfig(
-            hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=2 * hidden,
-            max_position_embeddings=512, **common,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=2 * hidden,
+            max_position_embeddings=512,
+            **common,
         )
     if family == "qwen2":
         return Qwen2ForCausalLM, Qwen2Config(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, **common,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            **common,
         )
     if family == "gpt2":
         return GPT2LMHeadModel, GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
     if family == "t5":
         return T5ForConditionalGeneration, T5Config(
-            d_model=hidden, d_kv=hidden // 4, d_ff=2 * hidden, num_layers=layers, num_heads=4,
-            decoder_start_token_id=PAD, **common,
+            d_model=hidden,
+            d_kv=hidden // 4,
+            d_ff=2 * hidden,
+            num_layers=layers,
+            num_heads=4,
+            decoder_start_token_id=PAD,
+            **common,
         )
     raise ValueError(family)
 
@@ -98,7 +123,9 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
 FAMILIES = ("opt", "llama", "bloom", "gpt_neox", "qwen2", "gpt2", "t5")
 
 
-def make_model(family: str, directory: Path, seed: int, hidden: int = 32, layers: int = 2, vocab: int = 320) -> Path:
+def make_model(
+    family: str, directory: Path, seed: int, hidden: int = 32, layers: int = 2, vocab: int = 320
+) -> Path:
     """Random weights, spread wide enough that greedy argmaxes are not near-ties."""
     torch.manual_seed(seed)
     cls, config = _config(family, vocab, hidden, layers)

@@ -114,7 +114,7 @@ DEFINITIONS = """\
 - **α** = Σ accepted / Σ drafted. **α̂** = Σ accepted / (Σ accepted + Σ rejections): the maximum-likelihood
   per-token acceptance probability under Leviathan et al.'s i.i.d. model (α is biased low as its estimate,
   since drafts after a rejection are never tried).
-- **mean acc. len** = Σ new tokens / Σ target forward passes (prefill included).
+- **mean acc. len** = Σ new tokens / Σ verification rounds (one target pass each; the target's own token included; AR = 1).
 - **c** = draft step time / target step time = (Σ propose s / Σ draft calls) / (baseline Σ decode s / Σ
   decode target calls); "-" without a draft model (prompt lookup).
 - **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023; not for BiLD, whose blocks

@@ -46,7 +46,9 @@ class Variant:
     @property
     def decoder(self) -> Decoder:
         if self._decoder is None:
-            self._decoder = build_decoder(self.config, self.target, self.draft if self.config.needs_draft else None)
+            self._decoder = build_decoder(
+                self.config, self.target, self.draft if self.config.needs_draft else None
+            )
         return self._decoder
 
 
@@ -78,7 +80,9 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
     results = directory / RESULTS_FILE
     if not resume:
         if results.exists() and results.stat().st_size > 0:
-            raise DraftlabError(f"'{directory}' already holds results: pass --resume to continue, or another --out")
+            raise DraftlabError(
+                f"'{directory}' already holds results: pass --resume to continue, or another --out"
+            )
         info.save(directory)
         results.write_text("")
         return []
@@ -97,7 +101,9 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
     return done
 
 
-def run_bench(plan: BenchPlan, directory: Path, info: RunInfo, resume: bool = False, quiet: bool = False) -> Path:
+def run_bench(
+    plan: BenchPlan, directory: Path, info: RunInfo, resume: bool = False, quiet: bool = False
+) -> Path:
     done = prepare_output(directory, info, resume)
     finished = {(r.label, r.key): r for r in done}
     jobs = list(_jobs(plan))
@@ -131,7 +137,9 @@ def run_bench(plan: BenchPlan, directory: Path, info: RunInfo, resume: bool = Fa
             example = by_id[example_id]
             progress.update(task, description=f"{example.subtask} · {variant.label}")
             ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
-            result = variant.decoder.generate(ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat))
+            result = variant.decoder.generate(
+                ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat)
+            )
             answers[(variant.label, example_id, turn, repeat)] = result.tokens
             baseline = plan.baselines.get(variant.label)
             reference = baseline_tokens.get((baseline, key)) if baseline else None
@@ -170,7 +178,9 @@ def _prompt_ids(
     messages: list[Message] = []
     for earlier in range(turn):
         messages.append({"role": "user", "content": example.turns[earlier]})
-        answer = tokenizer.decode(answers[(variant.label, example.id, earlier, repeat)], skip_special_tokens=True)
+        answer = tokenizer.decode(
+            answers[(variant.label, example.id, earlier, repeat)], skip_special_tokens=True
+        )
         messages.append({"role": "assistant", "content": answer})
     messages.append({"role": "user", "content": example.turns[turn]})
     return encode_prompt(variant.target, messages, chat=chat)
@@ -200,7 +210,9 @@ def _gamma(config: DecoderConfig) -> int | None:
     return config.max_small_steps if config.method == "bild" else config.gamma
 
 
-def _record(variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None) -> Record:
+def _record(
+    variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None
+) -> Record:
     s = result.stats
     uses_draft = variant.config.needs_draft and variant.draft is not None
     return Record(

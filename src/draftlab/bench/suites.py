@@ -20,7 +20,16 @@ SUBTASKS = (
     "grammar correction",
 )
 # Spec-Bench's MT-bench categories are two-turn conversations.
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_CATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,11 @@ def parse_jsonl(text: str, name: str) -> list[Example]:
 def _example(row: dict, where: str, number: int) -> Example:
     if "turns" in row:
         turns = row["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)
+        ):
             raise DraftlabError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
     elif "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
@@ -124,12 +137,19 @@ def _load_hf(spec: str, field: str, subtask: str, instruction: str, limit: int |
     try:
         import datasets  # noqa: PLC0415 - optional dependency
     except ImportError:
-        raise DraftlabError("Hugging Face suites need the 'datasets' package: pip install 'draftlab[datasets]'") from None
+        raise DraftlabError(
+            "Hugging Face suites need the 'datasets' package: pip install 'draftlab[datasets]'"
+        ) from None
     try:
         rows = datasets.load_dataset(name, config, split=split if limit is None else f"{split}[:{limit}]")
     except Exception as exc:  # datasets raises many types for "offline" and "not found"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DraftlabError(f"dataset '{spec}' could not be loaded (offline or unknown?): {first}") from None
     if field not in rows.column_names:
-        raise DraftlabError(f"dataset '{spec}' has no field '{field}' (fields: {', '.join(rows.column_names)})")
-    return [Example(f"{subtask}-{i}", subtask, (instruction.format(text=row[field]),)) for i, row in enumerate(rows)]
+        raise DraftlabError(
+            f"dataset '{spec}' has no field '{field}' (fields: {', '.join(rows.column_names)})"
+        )
+    return [
+        Example(f"{subtask}-{i}", subtask, (instruction.format(text=row[field]),))
+        for i, row in enumerate(rows)
+    ]

@@ -19,7 +19,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="draftlab", description="Speculative decoding for Hugging Face models, measured honestly.")
+    parser = _Parser(
+        prog="draftlab", description="Speculative decoding for Hugging Face models, measured honestly."
+    )
     from draftlab import __version__
 
     parser.add_argument("--version", action="version", version=f"draftlab {__version__}")

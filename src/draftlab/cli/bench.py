@@ -33,14 +33,20 @@ DEFAULT_METHODS = "ar,sps,pld,hf-assisted"
 
 def add_suite_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prompts")
-    g.add_argument("--suite", default="builtin", help="builtin, a JSONL file (Spec-Bench or generic), or hf:DATASET[:CONFIG]:SPLIT")
+    g.add_argument(
+        "--suite",
+        default="builtin",
+        help="builtin, a JSONL file (Spec-Bench or generic), or hf:DATASET[:CONFIG]:SPLIT",
+    )
     g.add_argument("--subtasks", default=None, help="comma-separated subtasks to run (default: all)")
     g.add_argument("--limit", type=int, default=2, help="prompts per subtask (default 2)")
     g.add_argument("--full", action="store_true", help="every prompt of the suite (ignores --limit)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     g.add_argument("--hf-field", default="text", help="hf suites: the text field")
     g.add_argument("--hf-subtask", default="summarization", help="hf suites: the subtask name")
-    g.add_argument("--hf-instruction", default="Summarize the following article.\n\n{text}", help="hf suites: template")
+    g.add_argument(
+        "--hf-instruction", default="Summarize the following article.\n\n{text}", help="hf suites: template"
+    )
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -84,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_from(args)
     examples = suite_examples(args)
     target, draft = load_pair(args, any(m in NEEDS_DRAFT for m in methods))
-    variants = [Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m])) for m in methods]
+    variants = [
+        Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m])) for m in methods
+    ]
     return execute(args, "bench", variants, {v.label: "ar" for v in variants}, target, draft, examples)
 
 
@@ -108,7 +116,9 @@ def variant_params(args: argparse.Namespace, config, **extra) -> dict:
         "top_p": args.top_p,
     }
     if config.method == "bild":
-        params.update(fallback_threshold=config.fallback_threshold, rollback_threshold=config.rollback_threshold)
+        params.update(
+            fallback_threshold=config.fallback_threshold, rollback_threshold=config.rollback_threshold
+        )
     if config.method == "pld":
         params["max_ngram"] = config.max_ngram
     params.update(extra)
@@ -129,8 +139,13 @@ def execute(
     if args.resume and not args.out:
         raise DraftlabError("--resume needs --out (the folder of the run to continue)")
     plan = BenchPlan(
-        variants, examples, args.max_new_tokens, chat=not args.no_chat, repeats=args.repeats,
-        warmup=args.warmup, baselines=baselines,
+        variants,
+        examples,
+        args.max_new_tokens,
+        chat=not args.no_chat,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        baselines=baselines,
     )
     info = RunInfo(
         target=target.spec.name,
@@ -150,12 +165,22 @@ def execute(
             "repeats": args.repeats,
             "chat": not args.no_chat,
             "torch_threads": torch.get_num_threads(),
-            "versions": {"draftlab": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
-            "host": {"machine": platform.machine(), "processor": platform.processor(), "python": platform.python_version()},
+            "versions": {
+                "draftlab": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+            "host": {
+                "machine": platform.machine(),
+                "processor": platform.processor(),
+                "python": platform.python_version(),
+            },
             **(extra or {}),
         },
     )
-    Console(stderr=True, quiet=args.quiet).print(f"[bold]draftlab {kind}[/] → {out}  ({len(examples)} examples, {len(variants)} variants)")
+    Console(stderr=True, quiet=args.quiet).print(
+        f"[bold]draftlab {kind}[/] → {out}  ({len(examples)} examples, {len(variants)} variants)"
+    )
     run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
     render(out, report_console(False), per_example=args.per_example)
     return 0

@@ -35,12 +35,26 @@ def threshold(text: str) -> float:
 
 def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "bfloat16") -> None:
     g = parser.add_argument_group("models")
-    g.add_argument("--target", "--target_model_name", dest="target", default=None, help=f"hub id, local folder or registry name (default: {DEFAULT_TARGET})")
-    g.add_argument("--draft", "--approx_model_name", dest="draft", default=None, help=f"draft model (default: {DEFAULT_DRAFT} with the default target)")
+    g.add_argument(
+        "--target",
+        "--target_model_name",
+        dest="target",
+        default=None,
+        help=f"hub id, local folder or registry name (default: {DEFAULT_TARGET})",
+    )
+    g.add_argument(
+        "--draft",
+        "--approx_model_name",
+        dest="draft",
+        default=None,
+        help=f"draft model (default: {DEFAULT_DRAFT} with the default target)",
+    )
     g.add_argument("--dtype", choices=list(DTYPES), default=default_dtype, help="dtype of both models")
     g.add_argument("--target-dtype", choices=list(DTYPES), default=None)
     g.add_argument("--draft-dtype", choices=list(DTYPES), default=None)
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (accelerate device_map) for both")
+    g.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N or auto (accelerate device_map) for both"
+    )
     g.add_argument("--target-device", default=None)
     g.add_argument("--draft-device", default=None, help="e.g. cpu while the target is on cuda")
     g.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None)
@@ -55,10 +69,14 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
     g.add_argument("--fallback-threshold", type=float, default=0.6, help="BiLD fallback threshold in [0, 1]")
-    g.add_argument("--rollback-threshold", type=threshold, default=5.0, help="BiLD rollback threshold (> 0, or inf)")
+    g.add_argument(
+        "--rollback-threshold", type=threshold, default=5.0, help="BiLD rollback threshold (> 0, or inf)"
+    )
     g.add_argument("--max-small-steps", type=int, default=10, help="BiLD: most small-model tokens per block")
     g.add_argument("--max-ngram", type=int, default=3, help="PLD: longest n-gram matched")
-    g.add_argument("--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)")
+    g.add_argument(
+        "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
+    )
     g.add_argument("--assistant-confidence", type=float, default=0.0, help="hf-assisted confidence threshold")
 
 
@@ -101,6 +119,8 @@ def load_pair(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel, 
     )
     draft = None
     if draft_name is not None:
-        draft = load_model(ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn))
+        draft = load_model(
+            ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn)
+        )
         check_compatible(target, draft)
     return target, draft

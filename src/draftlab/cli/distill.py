@@ -95,6 +95,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
 
     m = p.add_argument_group("draft")
+    m.add_argument(
+        "--init-from",
+        default=None,
+        help="start from an existing draft (folder or registry name, e.g. smollm2-135m-draft); "
+        "its shape overrides the options below",
+    )
     m.add_argument("--hidden-size", type=_positive_int, default=192)
     m.add_argument("--layers", type=_positive_int, default=4)
     m.add_argument("--intermediate-size", type=_positive_int, default=512)

@@ -51,8 +51,20 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print(result.text, markup=False, highlight=False)
     s = result.stats
-    table = Table(title=f"{args.method} · target {target.spec.name}" + (f" · draft {draft.spec.name}" if draft else ""))
-    for col in ("new tokens", "total s", "prefill ms", "decode ms/token", "tokens/s", "target calls", "draft calls", "acceptance α", "mean accepted"):
+    table = Table(
+        title=f"{args.method} · target {target.spec.name}" + (f" · draft {draft.spec.name}" if draft else "")
+    )
+    for col in (
+        "new tokens",
+        "total s",
+        "prefill ms",
+        "decode ms/token",
+        "tokens/s",
+        "target calls",
+        "draft calls",
+        "acceptance α",
+        "mean accepted",
+    ):
         table.add_column(col, justify="right")
     per_tok = s.decode_s * 1000 / max(s.new_tokens - s.first_tokens, 1)
     table.add_row(

@@ -31,7 +31,9 @@ KINDS = ("gamma", "bild", "temperature", "ablation")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("sweep", help="sweep drafts × γ, BiLD thresholds, temperature, or run the ablation")
+    p = subparsers.add_parser(
+        "sweep", help="sweep drafts × γ, BiLD thresholds, temperature, or run the ablation"
+    )
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--drafts", default=None, help="gamma: comma-separated drafts (default: --draft)")
     p.add_argument("--gammas", default="1,2,3,4,6,8", help="gamma: values of γ")
@@ -58,7 +60,14 @@ def run(args: argparse.Namespace) -> int:
             names = parse_list(args.drafts, str, "draft")
             drafts = []
             for name in names:
-                d = load_model(ModelSpec(name, args.draft_dtype or args.dtype, args.draft_device or args.device, args.attn_implementation))
+                d = load_model(
+                    ModelSpec(
+                        name,
+                        args.draft_dtype or args.dtype,
+                        args.draft_device or args.device,
+                        args.attn_implementation,
+                    )
+                )
                 check_compatible(target, d)
                 drafts.append(d)
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
@@ -68,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
                 label = f"sps γ={g}" if len(drafts) == 1 else f"sps {d.spec.name} γ={g}"
                 variants.append(Variant(label, cfg, target, d, sampling, variant_params(args, cfg)))
         baselines = {v.label: "ar" for v in variants}
-        return execute(args, "sweep-gamma", variants, baselines, target, drafts[0], examples, {"gammas": gammas})
+        return execute(
+            args, "sweep-gamma", variants, baselines, target, drafts[0], examples, {"gammas": gammas}
+        )
     if args.kind == "bild":
         fallbacks = parse_list(args.fallbacks, float, "fallback")
         rollbacks = [threshold(x) for x in parse_list(args.rollbacks, str, "rollback")]
@@ -76,10 +87,18 @@ def run(args: argparse.Namespace) -> int:
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for fb in fallbacks:
             for rb in rollbacks:
-                cfg = dataclasses.replace(decoder_config(args, "bild"), fallback_threshold=fb, rollback_threshold=rb)
+                cfg = dataclasses.replace(
+                    decoder_config(args, "bild"), fallback_threshold=fb, rollback_threshold=rb
+                )
                 cfg.__post_init__()
-                variants.append(Variant(f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)))
-        return execute(args, "sweep-bild", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+                variants.append(
+                    Variant(
+                        f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)
+                    )
+                )
+        return execute(
+            args, "sweep-bild", variants, {v.label: "ar" for v in variants}, target, draft, examples
+        )
     if args.kind == "temperature":
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
@@ -89,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
             params = SamplingParams(t, args.top_k, args.top_p, args.seed)
             ar_label = f"ar T={t:g}"
             variants.append(Variant(ar_label, base, target, None, params, variant_params(args, base)))
-            variants.append(Variant(f"{args.method} T={t:g}", cfg, target, draft, params, variant_params(args, cfg)))
+            variants.append(
+                Variant(f"{args.method} T={t:g}", cfg, target, draft, params, variant_params(args, cfg))
+            )
             baselines[ar_label] = ar_label
             baselines[f"{args.method} T={t:g}"] = ar_label
         return execute(args, "sweep-temperature", variants, baselines, target, draft, examples)
@@ -105,8 +126,12 @@ def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> i
     plain = "ar no-cache eager"
     first_target = first_draft = None
     for attn in ("eager", "sdpa"):
-        target = load_model(ModelSpec(target_name, args.target_dtype or args.dtype, args.target_device or args.device, attn))
-        draft = load_model(ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn))
+        target = load_model(
+            ModelSpec(target_name, args.target_dtype or args.dtype, args.target_device or args.device, attn)
+        )
+        draft = load_model(
+            ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn)
+        )
         check_compatible(target, draft)
         first_target, first_draft = first_target or target, first_draft or draft
         for use_cache in (False, True):

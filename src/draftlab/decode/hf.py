@@ -68,7 +68,9 @@ class HFGenerateDecoder:
         kwargs: dict = {
             "max_new_tokens": max_new_tokens,
             "eos_token_id": eos or None,
-            "pad_token_id": lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else (eos[0] if eos else 0),
+            "pad_token_id": lm.tokenizer.pad_token_id
+            if lm.tokenizer.pad_token_id is not None
+            else (eos[0] if eos else 0),
             "attention_mask": torch.ones_like(ids),
             "do_sample": not params.greedy,
         }

@@ -66,7 +66,9 @@ def build_decoder(config: DecoderConfig, target: LoadedModel, draft: LoadedModel
     if config.method == "ar":
         return SpeculativeDecoder(target_runner, NoProposer(), SpeculativeRule(), gamma=1)
     if config.method == "pld":
-        return SpeculativeDecoder(target_runner, PromptLookupProposer(config.max_ngram), SpeculativeRule(), config.gamma)
+        return SpeculativeDecoder(
+            target_runner, PromptLookupProposer(config.max_ngram), SpeculativeRule(), config.gamma
+        )
     assert draft is not None
     draft_runner = CachedModel(draft, use_cache=config.use_cache)
     if config.method == "sps":

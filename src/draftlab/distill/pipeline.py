@@ -16,7 +16,7 @@ import torch
 from draftlab.distill import data as D
 from draftlab.distill import train as T
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model
+from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -178,6 +178,13 @@ def run(args: argparse.Namespace) -> dict:
         start_step = int(checkpoint["step"])
         optimizer_state = checkpoint["optimizer"]
         train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
+    elif args.init_from:
+        # Continue from an existing draft (e.g. the shipped one) when the work folder is gone.
+        draft = LlamaForCausalLM.from_pretrained(resolve_path(args.init_from), dtype=torch.float32)
+        check_compatible(
+            target, LoadedModel(draft, target.tokenizer, ModelSpec(args.init_from), args.init_from)
+        )
+        config = draft.config
     else:
         draft = T.init_draft(config, target.model.get_input_embeddings().weight, args.seed)
     draft.generation_config = target.model.generation_config
