@@ -71,6 +71,7 @@ def test_incompatible_tokenizers(capsys, models, stories):
             "rollback threshold must be > 0 (or inf), got -1.0",
         ),
         (["--method", "bild", "--rollback-threshold", "abc"], "'abc'"),
+        (["--method", "pld", "--pld-tokens", "0"], "PLD tokens must be >= 1, got 0"),
         (["--gamma", "two"], "'two'"),
         (["--method", "nope"], "'nope'"),
     ],

@@ -207,6 +207,8 @@ def _warm_up(plan: BenchPlan) -> None:
 def _gamma(config: DecoderConfig) -> int | None:
     if config.method in ("ar", "hf-greedy"):
         return None
+    if config.method == "pld":
+        return config.pld_tokens
     return config.max_small_steps if config.method == "bild" else config.gamma
 
 

@@ -120,7 +120,7 @@ def variant_params(args: argparse.Namespace, config, **extra) -> dict:
             fallback_threshold=config.fallback_threshold, rollback_threshold=config.rollback_threshold
         )
     if config.method == "pld":
-        params["max_ngram"] = config.max_ngram
+        params.update(max_ngram=config.max_ngram, pld_tokens=config.pld_tokens)
     params.update(extra)
     return params
 

@@ -74,6 +74,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-small-steps", type=int, default=10, help="BiLD: most small-model tokens per block")
     g.add_argument("--max-ngram", type=int, default=3, help="PLD: longest n-gram matched")
+    g.add_argument("--pld-tokens", type=int, default=10, help="PLD: most tokens proposed per round")
     g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )
@@ -96,6 +97,7 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         rollback_threshold=args.rollback_threshold,
         max_small_steps=args.max_small_steps,
         max_ngram=args.max_ngram,
+        pld_tokens=args.pld_tokens,
         use_cache=not args.no_kv_cache,
         assistant_confidence=args.assistant_confidence,
     )

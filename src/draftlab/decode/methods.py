@@ -31,6 +31,7 @@ class DecoderConfig:
     rollback_threshold: float = 5.0  # BiLD: roll back where -log p_large(token) > this (inf: never)
     max_small_steps: int = 10  # BiLD: at most this many small-model tokens per block
     max_ngram: int = 3  # PLD: longest n-gram to match
+    pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
     use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
     assistant_confidence: float = 0.0  # hf-assisted
 
@@ -47,6 +48,8 @@ class DecoderConfig:
             raise DraftlabError(f"BiLD max small steps must be >= 1, got {self.max_small_steps}")
         if self.max_ngram < 1:
             raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
+        if self.pld_tokens < 1:
+            raise DraftlabError(f"PLD tokens must be >= 1, got {self.pld_tokens}")
         if not 0.0 <= self.assistant_confidence <= 1.0:
             raise DraftlabError(f"assistant confidence must be in [0, 1], got {self.assistant_confidence}")
 
@@ -67,7 +70,7 @@ def build_decoder(config: DecoderConfig, target: LoadedModel, draft: LoadedModel
         return SpeculativeDecoder(target_runner, NoProposer(), SpeculativeRule(), gamma=1)
     if config.method == "pld":
         return SpeculativeDecoder(
-            target_runner, PromptLookupProposer(config.max_ngram), SpeculativeRule(), config.gamma
+            target_runner, PromptLookupProposer(config.max_ngram), SpeculativeRule(), config.pld_tokens
         )
     assert draft is not None
     draft_runner = CachedModel(draft, use_cache=config.use_cache)
