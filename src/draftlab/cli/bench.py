@@ -15,7 +15,7 @@ from draftlab import __version__
 from draftlab.bench.records import RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
-from draftlab.bench.suites import load_suite
+from draftlab.bench.suites import SUBTASKS, load_suite
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
@@ -38,7 +38,11 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
         default="builtin",
         help="builtin, a JSONL file (Spec-Bench or generic), or hf:DATASET[:CONFIG]:SPLIT",
     )
-    g.add_argument("--subtasks", default=None, help="comma-separated subtasks to run (default: all)")
+    g.add_argument(
+        "--subtasks",
+        default=None,
+        help=f"comma-separated subtasks (default: all; builtin: {', '.join(SUBTASKS)})",
+    )
     g.add_argument("--limit", type=int, default=2, help="prompts per subtask (default 2)")
     g.add_argument("--full", action="store_true", help="every prompt of the suite (ignores --limit)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
