@@ -248,6 +248,11 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
     for kind, extra, labels in [
         ("gamma", ["--gammas", "1,2"], {"ar", "sps γ=1", "sps γ=2"}),
         (
+            "gamma",
+            ["--gammas", "2", "--drafts", f"{draft},{target}"],
+            {"ar", f"sps {draft} γ=2", f"sps {target} γ=2"},
+        ),
+        (
             "bild",
             ["--fallbacks", "0.5", "--rollbacks", "2,inf"],
             {"ar", "bild fb=0.5 rb=2", "bild fb=0.5 rb=inf"},
@@ -259,7 +264,10 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
             {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")},
         ),
     ]:
-        out = tmp_path / kind
-        assert main(["sweep", kind, *common, *extra, "--out", str(out)]) == 0, kind
+        out = tmp_path / f"{kind}-{len(extra)}"
+        args = common
+        if "--drafts" in extra:  # the drafts alone: no --draft needed
+            args = [a for a in common if a not in ("--draft", str(draft))]
+        assert main(["sweep", kind, *args, *extra, "--out", str(out)]) == 0, kind
         assert {r.label for r in read_records(out / "results.jsonl")} == labels
         assert (out / "report.md").exists()

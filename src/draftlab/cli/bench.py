@@ -21,9 +21,9 @@ from draftlab.cli.common import (
     add_model_args,
     decoder_config,
     load_pair,
-    report_console,
     sampling_from,
 )
+from draftlab.cli.console import report_console
 from draftlab.decode.methods import METHODS, NEEDS_DRAFT
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel

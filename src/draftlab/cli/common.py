@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from draftlab.cli.console import report_console
-from draftlab.decode.methods import METHODS, DecoderConfig
+from draftlab.decode.methods import DecoderConfig
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
@@ -17,8 +16,6 @@ from draftlab.models.loading import (
     load_model,
 )
 from draftlab.sampling import SamplingParams
-
-__all__ = ["report_console"]
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"
@@ -88,8 +85,6 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
 def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = None) -> DecoderConfig:
     if args.max_new_tokens < 1:
         raise DraftlabError(f"max_new_tokens must be >= 1, got {args.max_new_tokens}")
-    if method not in METHODS:
-        raise DraftlabError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
     return DecoderConfig(
         method=method,
         gamma=args.gamma if gamma is None else gamma,
@@ -111,18 +106,25 @@ def model_names(args: argparse.Namespace, need_draft: bool) -> tuple[str, str | 
     return target, draft
 
 
+def load_role(args: argparse.Namespace, name: str, role: str, attn: str | None = None) -> LoadedModel:
+    """Load `name` as the target or a draft, with that role's dtype and device from the CLI."""
+    dtype = getattr(args, f"{role}_dtype") or args.dtype
+    device = getattr(args, f"{role}_device") or args.device
+    return load_model(ModelSpec(name, dtype, device, attn or args.attn_implementation))
+
+
+def load_draft(
+    args: argparse.Namespace, name: str, target: LoadedModel, attn: str | None = None
+) -> LoadedModel:
+    draft = load_role(args, name, "draft", attn)
+    check_compatible(target, draft)
+    return draft
+
+
 def load_pair(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel, LoadedModel | None]:
     target_name, draft_name = model_names(args, need_draft)
     if need_draft and draft_name is None:
         raise DraftlabError("this method needs a draft model: pass --draft")
-    attn = args.attn_implementation
-    target = load_model(
-        ModelSpec(target_name, args.target_dtype or args.dtype, args.target_device or args.device, attn)
-    )
-    draft = None
-    if draft_name is not None:
-        draft = load_model(
-            ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn)
-        )
-        check_compatible(target, draft)
+    target = load_role(args, target_name, "target")
+    draft = load_draft(args, draft_name, target) if draft_name is not None else None
     return target, draft

@@ -18,13 +18,14 @@ from draftlab.cli.common import (
     add_method_args,
     add_model_args,
     decoder_config,
+    load_draft,
     load_pair,
+    load_role,
     model_names,
     sampling_from,
     threshold,
 )
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import ModelSpec, check_compatible, load_model
 from draftlab.sampling import SamplingParams
 
 KINDS = ("gamma", "bild", "temperature", "ablation")
@@ -54,22 +55,12 @@ def run(args: argparse.Namespace) -> int:
     base = decoder_config(args, "ar")
     if args.kind == "gamma":
         gammas = parse_list(args.gammas, int, "gamma")
-        target, default_draft = load_pair(args, need_draft=True)
-        drafts = [default_draft]
         if args.drafts:
-            names = parse_list(args.drafts, str, "draft")
-            drafts = []
-            for name in names:
-                d = load_model(
-                    ModelSpec(
-                        name,
-                        args.draft_dtype or args.dtype,
-                        args.draft_device or args.device,
-                        args.attn_implementation,
-                    )
-                )
-                check_compatible(target, d)
-                drafts.append(d)
+            target = load_role(args, model_names(args, need_draft=False)[0], "target")
+            drafts = [load_draft(args, name, target) for name in parse_list(args.drafts, str, "draft")]
+        else:
+            target, draft = load_pair(args, need_draft=True)
+            drafts = [draft]
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for d in drafts:
             for g in gammas:
@@ -90,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
                 cfg = dataclasses.replace(
                     decoder_config(args, "bild"), fallback_threshold=fb, rollback_threshold=rb
                 )
-                cfg.__post_init__()
                 variants.append(
                     Variant(
                         f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)
@@ -126,13 +116,8 @@ def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> i
     plain = "ar no-cache eager"
     first_target = first_draft = None
     for attn in ("eager", "sdpa"):
-        target = load_model(
-            ModelSpec(target_name, args.target_dtype or args.dtype, args.target_device or args.device, attn)
-        )
-        draft = load_model(
-            ModelSpec(draft_name, args.draft_dtype or args.dtype, args.draft_device or args.device, attn)
-        )
-        check_compatible(target, draft)
+        target = load_role(args, target_name, "target", attn)
+        draft = load_draft(args, draft_name, target, attn)
         first_target, first_draft = first_target or target, first_draft or draft
         for use_cache in (False, True):
             for method in ("ar", args.method):
