@@ -259,6 +259,11 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
         ),
         ("temperature", ["--temperatures", "0,1"], {"ar T=0", "sps T=0", "ar T=1", "sps T=1"}),
         (
+            "confidence",
+            ["--confidences", "0,0.5"],
+            {"ar", "sps τ=0", "hf-assisted τ=0", "sps τ=0.5", "hf-assisted τ=0.5"},
+        ),
+        (
             "ablation",
             [],
             {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")},

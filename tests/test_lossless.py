@@ -123,3 +123,50 @@ def test_stories_acceptance_is_meaningful(stories):
     assert sps.tokens == ar.tokens == pld.tokens
     assert sps.stats.acceptance_rate == 1.0
     assert sps.stats.rounds < ar.stats.rounds / 3
+
+
+def test_draft_confidence_stops_drafting_early_and_stays_lossless(loaded):
+    target, draft = loaded("llama")
+    ar = run("ar", target, draft, PROMPTS[1])
+    full = run("sps", target, draft, PROMPTS[1])
+    early = run("sps", target, draft, PROMPTS[1], draft_confidence=0.9)
+    assert early.tokens == ar.tokens
+    # A random tiny draft is rarely 90% sure, so rounds stop before γ = 4 draft tokens.
+    assert early.stats.drafted < 4 * (early.stats.rounds - 1)
+    assert early.stats.drafted < full.stats.drafted
+    assert early.stats.draft_calls < full.stats.draft_calls
+
+
+def test_nothing_is_drafted_or_verified_past_an_end_token(loaded):
+    target, _ = loaded("llama")
+    ar = run("ar", target, target, PROMPTS[0])
+    eos = ar.tokens[2]
+    first = ar.tokens.index(eos)
+    saved = set(target.eos_token_ids)
+    target.eos_token_ids.clear()
+    target.eos_token_ids.add(eos)
+    try:
+        # Draft = target: round 1 drafts up to the end token and stops, the target accepts it all.
+        out = run("sps", target, target, PROMPTS[0])
+        pld = run("pld", target, target, PROMPTS[0])
+    finally:
+        target.eos_token_ids.clear()
+        target.eos_token_ids.update(saved)
+    assert out.tokens == ar.tokens[: first + 1]
+    assert out.stats.rounds == 1 and out.stats.drafted == first + 1
+    assert out.stats.draft_calls == 1 + first + 1  # draft prefill, then one pass per drafted token
+    assert pld.tokens == ar.tokens[: first + 1]
+
+
+def test_hf_assisted_decoders_sharing_a_draft_keep_their_own_settings(loaded):
+    """HF reads γ and the confidence threshold from the draft's generation config, which is shared."""
+    target, draft = loaded("llama")
+    eager = build_decoder(DecoderConfig(method="hf-assisted", draft_confidence=0.0), target, draft)
+    cautious = build_decoder(DecoderConfig(method="hf-assisted", draft_confidence=0.9), target, draft)
+    ids = encode_prompt(target, PROMPTS[1], chat=False)
+    first = eager.generate(ids, 40, GREEDY)
+    stopped = cautious.generate(ids, 40, GREEDY)
+    again = eager.generate(ids, 40, GREEDY)
+    assert stopped.stats.draft_calls < first.stats.draft_calls
+    assert again.stats.draft_calls == first.stats.draft_calls
+    assert first.tokens == stopped.tokens == again.tokens

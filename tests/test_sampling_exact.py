@@ -138,3 +138,31 @@ def test_enumeration_is_a_distribution(pair):
     joint = exact_joint(pair[0])
     assert joint.sum() == pytest.approx(1.0, abs=1e-5)
     assert all(joint[a, b] > 0 for a, b in itertools.product(range(6), range(6)))
+
+
+class _CountingProposer(DraftModelProposer):
+    """Records how many tokens each proposal asked for and got."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked_and_got: list[tuple[int, int]] = []
+
+    def propose(self, sequence, k, params, sampler):
+        proposal = super().propose(sequence, k, params, sampler)
+        self.asked_and_got.append((k, len(proposal.tokens)))
+        return proposal
+
+
+def test_sps_with_an_early_stop_is_still_exact(pair):
+    """Stopping the draft on its own low confidence changes how much is drafted, not the output law."""
+    target, draft = pair
+    joint = exact_joint(target)
+    proposer = _CountingProposer(CachedModel(draft), target.vocab_size, confidence=0.4)
+    decoder = SpeculativeDecoder(CachedModel(target), proposer, SpeculativeRule(), gamma=2)
+    counts = np.zeros((len(VOCAB), len(VOCAB)))
+    for seed in range(4000):
+        out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
+        counts[out.tokens[0], out.tokens[1]] += 1
+    short = sum(got < asked for asked, got in proposer.asked_and_got)
+    assert short > 0.1 * len(proposer.asked_and_got), "the early stop must happen, or this checks nothing"
+    assert chi_square_p(counts, joint) > 1e-3

@@ -125,6 +125,8 @@ def variant_params(args: argparse.Namespace, config, **extra) -> dict:
         )
     if config.method == "pld":
         params.update(max_ngram=config.max_ngram, pld_tokens=config.pld_tokens)
+    if config.method in ("sps", "hf-assisted"):
+        params.update(draft_confidence=config.draft_confidence)
     params.update(extra)
     return params
 

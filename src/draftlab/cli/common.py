@@ -75,7 +75,15 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )
-    g.add_argument("--assistant-confidence", type=float, default=0.0, help="hf-assisted confidence threshold")
+    g.add_argument(
+        "--draft-confidence",
+        "--assistant-confidence",
+        dest="draft_confidence",
+        type=float,
+        default=0.4,
+        help="sps and hf-assisted: stop drafting after a token the draft gives less than this probability "
+        "(HF's assistant_confidence_threshold, whose default is also 0.4; 0: always draft γ)",
+    )
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingParams:
@@ -94,7 +102,7 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         max_ngram=args.max_ngram,
         pld_tokens=args.pld_tokens,
         use_cache=not args.no_kv_cache,
-        assistant_confidence=args.assistant_confidence,
+        draft_confidence=args.draft_confidence,
     )
 
 

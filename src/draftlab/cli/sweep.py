@@ -1,4 +1,4 @@
-"""`draftlab sweep`: drafts × γ, BiLD thresholds, temperature, and the KV-cache/attention ablation."""
+"""`draftlab sweep`: drafts × γ, BiLD thresholds, draft confidence, temperature, and the ablation."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from draftlab.cli.common import (
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
-KINDS = ("gamma", "bild", "temperature", "ablation")
+KINDS = ("gamma", "bild", "confidence", "temperature", "ablation")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gammas", default="1,2,3,4,6,8", help="gamma: values of γ")
     p.add_argument("--fallbacks", default="0.5,0.6,0.7", help="bild: fallback thresholds")
     p.add_argument("--rollbacks", default="3,4,5", help="bild: rollback thresholds")
+    p.add_argument(
+        "--confidences",
+        default="0,0.2,0.4,0.6",
+        help="confidence: draft-confidence thresholds, each run by sps and hf-assisted",
+    )
     p.add_argument("--temperatures", default="0,1", help="temperature: values")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
     add_model_args(p)
@@ -88,6 +93,19 @@ def run(args: argparse.Namespace) -> int:
                 )
         return execute(
             args, "sweep-bild", variants, {v.label: "ar" for v in variants}, target, draft, examples
+        )
+    if args.kind == "confidence":
+        confidences = parse_list(args.confidences, float, "confidence")
+        target, draft = load_pair(args, need_draft=True)
+        variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
+        for tau in confidences:
+            for method in ("sps", "hf-assisted"):
+                cfg = dataclasses.replace(decoder_config(args, method), draft_confidence=tau)
+                variants.append(
+                    Variant(f"{method} τ={tau:g}", cfg, target, draft, sampling, variant_params(args, cfg))
+                )
+        return execute(
+            args, "sweep-confidence", variants, {v.label: "ar" for v in variants}, target, draft, examples
         )
     if args.kind == "temperature":
         temperatures = parse_list(args.temperatures, float, "temperature")

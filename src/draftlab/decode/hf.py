@@ -53,12 +53,16 @@ class HFGenerateDecoder:
         self.target = target
         self.draft = draft
         self.gamma = gamma
-        if draft is not None:
-            # AssistedCandidateGenerator reads these from the assistant's own generation config.
-            gen_cfg = draft.model.generation_config
-            gen_cfg.num_assistant_tokens = gamma
-            gen_cfg.num_assistant_tokens_schedule = "constant"
-            gen_cfg.assistant_confidence_threshold = assistant_confidence
+        self.assistant_confidence = assistant_confidence
+
+    def _configure_assistant(self) -> None:
+        # AssistedCandidateGenerator reads these from the assistant's own generation config,
+        # which every decoder sharing this draft also writes: set them for each call.
+        assert self.draft is not None
+        gen_cfg = self.draft.model.generation_config
+        gen_cfg.num_assistant_tokens = self.gamma
+        gen_cfg.num_assistant_tokens_schedule = "constant"
+        gen_cfg.assistant_confidence_threshold = self.assistant_confidence
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
         lm = self.target
@@ -81,6 +85,7 @@ class HFGenerateDecoder:
         else:
             kwargs.update(temperature=None, top_k=None, top_p=None)
         if self.draft is not None:
+            self._configure_assistant()
             kwargs["assistant_model"] = self.draft.model
         clock = _FirstTokenClock(devices)
         target_counter = _CallCounter(lm.model.get_decoder() if lm.is_encoder_decoder else lm.model)

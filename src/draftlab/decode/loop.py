@@ -3,6 +3,9 @@
 Each round: the proposer suggests up to γ tokens, the target scores the last final token
 plus the proposal in one forward pass, the acceptance rule keeps a prefix and (usually)
 adds the target's own next token, and both caches are cropped back to what was kept.
+The first round's target pass is the prefill itself: the prompt and the first proposal go
+through the target together, as in HF's assisted generation, so no pass is spent on the
+prompt alone.
 With a proposer that suggests nothing, the same loop is plain autoregressive decoding,
 so the baseline and the methods share one code path.
 """
@@ -17,7 +20,7 @@ import torch
 from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
-from draftlab.proposers.base import Proposer
+from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams
 from draftlab.verify.rules import AcceptanceRule
 
@@ -35,7 +38,7 @@ class GenerationStats:
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-    rounds: int = 0  # verification rounds: one target pass each (round 1 reuses the prefill's)
+    rounds: int = 0  # verification rounds: one target pass each (round 1's is the prefill)
     fallbacks: int = 0  # BiLD: blocks the small model ended by handing over
     rollbacks: int = 0  # BiLD: blocks in which the large model overruled a small-model token
     draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
@@ -138,9 +141,6 @@ class SpeculativeDecoder:
         t0 = synchronized_clock(devices)
         sequence = target.start(prompt_ids)
         prefix_len = len(sequence)
-        # The prefill's last row is the target's distribution for the first new token; the first
-        # round verifies against it, so the first token is speculated like every other one.
-        pending_logits: torch.Tensor | None = target.forward(sequence, last_only=True)
         proposer.start(prompt_ids, sequence)
         t_first: float | None = None
 
@@ -150,16 +150,13 @@ class SpeculativeDecoder:
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
-            proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+            proposal = self._cut_at_eos(proposer.propose(sequence, min(self.gamma, budget), params, sampler))
             stats.propose_s += time.perf_counter() - t_propose
             stats.propose_calls += proposer.forward_calls - calls_before
-            if pending_logits is None:
-                target_logits = target.forward([sequence[-1], *proposal.tokens])
-            elif proposal.tokens:
-                target_logits = torch.cat([pending_logits, target.forward(proposal.tokens)])
-            else:
-                target_logits = pending_logits
-            pending_logits = None
+            # The target holds the sequence minus its last token (in round 1, nothing yet): feed
+            # what it lacks plus the proposal, and read the rows that score the proposal.
+            fed = sequence[target.length :] + proposal.tokens
+            target_logits = target.forward(fed, keep=len(proposal.tokens) + 1)
             verdict = self.rule.verify(proposal, target_logits, params, sampler)
             new = proposal.tokens[: verdict.accepted]
             if verdict.next_token is not None:
@@ -186,6 +183,14 @@ class SpeculativeDecoder:
         stats.draft_calls = proposer.forward_calls - draft_calls_before
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Generation(tokens, text, stats)
+
+    def _cut_at_eos(self, proposal: Proposal) -> Proposal:
+        """Nothing after an end-of-sequence token can be kept, so it is not worth verifying."""
+        for i, token in enumerate(proposal.tokens):
+            if token in self.eos and i + 1 < len(proposal.tokens):
+                probs = proposal.probs[: i + 1] if proposal.probs is not None else None
+                return Proposal(proposal.tokens[: i + 1], probs, proposal.fell_back)
+        return proposal
 
     def _stop_at_eos(self, tokens: list[int]) -> list[int]:
         for i, token in enumerate(tokens):

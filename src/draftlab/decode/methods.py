@@ -33,7 +33,8 @@ class DecoderConfig:
     max_ngram: int = 3  # PLD: longest n-gram to match
     pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
     use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
-    assistant_confidence: float = 0.0  # hf-assisted
+    # sps and hf-assisted: stop drafting after a draft token with probability below this (0: off)
+    draft_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -50,8 +51,8 @@ class DecoderConfig:
             raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
         if self.pld_tokens < 1:
             raise DraftlabError(f"PLD tokens must be >= 1, got {self.pld_tokens}")
-        if not 0.0 <= self.assistant_confidence <= 1.0:
-            raise DraftlabError(f"assistant confidence must be in [0, 1], got {self.assistant_confidence}")
+        if not 0.0 <= self.draft_confidence <= 1.0:
+            raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
 
     @property
     def needs_draft(self) -> bool:
@@ -64,7 +65,7 @@ def build_decoder(config: DecoderConfig, target: LoadedModel, draft: LoadedModel
     if config.method == "hf-greedy":
         return HFGenerateDecoder(target)
     if config.method == "hf-assisted":
-        return HFGenerateDecoder(target, draft, config.gamma, config.assistant_confidence)
+        return HFGenerateDecoder(target, draft, config.gamma, config.draft_confidence)
     target_runner = CachedModel(target, use_cache=config.use_cache)
     if config.method == "ar":
         return SpeculativeDecoder(target_runner, NoProposer(), SpeculativeRule(), gamma=1)
@@ -74,10 +75,11 @@ def build_decoder(config: DecoderConfig, target: LoadedModel, draft: LoadedModel
         )
     assert draft is not None
     draft_runner = CachedModel(draft, use_cache=config.use_cache)
+    stop = frozenset(target.eos_token_ids)
     if config.method == "sps":
-        proposer = DraftModelProposer(draft_runner, target.vocab_size)
+        proposer = DraftModelProposer(draft_runner, target.vocab_size, config.draft_confidence, stop)
         return SpeculativeDecoder(target_runner, proposer, SpeculativeRule(), config.gamma)
-    proposer = BildProposer(draft_runner, target.vocab_size, config.fallback_threshold)
+    proposer = BildProposer(draft_runner, target.vocab_size, config.fallback_threshold, stop)
     return SpeculativeDecoder(
         target_runner, proposer, BildRule(config.rollback_threshold), gamma=config.max_small_steps
     )

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> dict:
     # 1. Data: the target answers the prompts; shards already on disk are kept.
     gen_start = time.time()
     teacher = D.Teacher(target.model, target.tokenizer, args.top_k, args.max_new_tokens, args.max_len)
-    todo = len([j for j in jobs if j.key not in D.done_keys(data_dir)]) if data_dir.exists() else len(jobs)
+    done = D.done_keys(data_dir) if data_dir.exists() else set()
+    todo = len([j for j in jobs if j.key not in done])
     with _progress(show) as progress:
         task = progress.add_task("teacher data", total=max(todo, 1), info="") if progress else None
         tokens = [0]
@@ -338,7 +339,9 @@ def _write_recipe(out, args, config, cfg, data_summary, step, extra, evaluation,
             "num_key_value_heads": config.num_key_value_heads,
             "tie_word_embeddings": True,
             "parameters": params,
-            "init": "embedding = target embedding projected onto its top singular directions; rest random",
+            "init": f"the weights of {args.init_from} (--init-from)"
+            if args.init_from
+            else "embedding = target embedding projected onto its top singular directions; rest random",
         },
         "train_config": {k: v for k, v in vars(cfg).items()},
         "data": data_summary,

@@ -57,22 +57,28 @@ class CachedModel:
         return list(prompt_ids)
 
     @torch.inference_mode()
-    def forward(self, new_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        """Logits [k, V] for the k new tokens (or [1, V] for the last one with last_only)."""
+    def forward(self, new_ids: list[int], last_only: bool = False, keep: int | None = None) -> torch.Tensor:
+        """Logits [k, V] for the k new tokens, or for the last `keep` of them (1 with last_only).
+
+        Asking only for the rows that are needed skips the output layer on the others, which
+        matters for a long prompt fed together with a proposal.
+        """
         self._tokens.extend(new_ids)
         if self.use_cache:
             feed = torch.tensor([new_ids], device=self.device)
         else:
             feed = torch.tensor([self._tokens], device=self.device)
         kwargs: dict = {"use_cache": self.use_cache, "past_key_values": self._cache}
+        if keep is None:
+            keep = 1 if last_only else len(new_ids)
+        keep = min(keep, len(new_ids))
         if self._keeps_logits:
-            kwargs["logits_to_keep"] = 1 if last_only else len(new_ids)
+            kwargs["logits_to_keep"] = keep
         if self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
         else:
             out = self.model(input_ids=feed, **kwargs)
         self.forward_calls += 1
-        keep = 1 if last_only else len(new_ids)
         return out.logits[0, -keep:]
 
     def crop(self, length: int) -> None:

@@ -10,9 +10,26 @@ from draftlab.sampling import Sampler, SamplingParams, warp_probs
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, draft: CachedModel, target_vocab_size: int) -> None:
+    """Drafts up to γ tokens; with `confidence` > 0 it stops early after a token it is unsure of.
+
+    The early stop is HF's `assistant_confidence_threshold` (and the idea behind SpecDec++'s
+    adaptive candidate length): a token the draft gives less than `confidence` probability is
+    likely to be rejected, so drafting more after it mostly wastes draft passes. The stop
+    depends only on the draft's own distribution, so verification stays exact.
+    """
+
+    def __init__(
+        self,
+        draft: CachedModel,
+        target_vocab_size: int,
+        confidence: float = 0.0,
+        stop_tokens: frozenset[int] = frozenset(),
+    ) -> None:
         self.draft = draft
         self.target_vocab_size = target_vocab_size
+        self.confidence = confidence
+        # Drafting past an end-of-sequence token is wasted: nothing after it can be kept.
+        self.stop_tokens = stop_tokens
 
     @property
     def forward_calls(self) -> int:  # type: ignore[override]
@@ -48,8 +65,18 @@ class DraftModelProposer(Proposer):
             if probs is not None:
                 rows.append(probs)
             pending = [token]
+            if token in self.stop_tokens:
+                break
+            if self.confidence > 0 and self._token_prob(token, probs, logits) < self.confidence:
+                break
         stacked = self._pad_vocab(torch.stack(rows)) if rows else None
         return Proposal(tokens, stacked, fell_back)
+
+    @staticmethod
+    def _token_prob(token: int, probs: torch.Tensor | None, logits: torch.Tensor) -> float:
+        if probs is None:  # greedy: the token is the argmax, so its probability is the top one
+            return float(torch.softmax(logits.float(), dim=-1)[token])
+        return float(probs[token])
 
     def _pad_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """Draft and target may pad their embedding tables differently; align q to the target's V."""
@@ -67,8 +94,14 @@ class BildProposer(DraftModelProposer):
     block without a fallback: the large model then only checks the block for rollbacks.
     """
 
-    def __init__(self, draft: CachedModel, target_vocab_size: int, fallback_threshold: float) -> None:
-        super().__init__(draft, target_vocab_size)
+    def __init__(
+        self,
+        draft: CachedModel,
+        target_vocab_size: int,
+        fallback_threshold: float,
+        stop_tokens: frozenset[int] = frozenset(),
+    ) -> None:
+        super().__init__(draft, target_vocab_size, stop_tokens=stop_tokens)
         self.fallback_threshold = fallback_threshold
 
     def _keep_going(self, probs: torch.Tensor | None, logits: torch.Tensor) -> bool:

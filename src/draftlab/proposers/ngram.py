@@ -9,9 +9,18 @@ from draftlab.sampling import Sampler, SamplingParams
 
 
 class PromptLookupProposer(Proposer):
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    """Longest n-gram first (down to `min_ngram`), most recent match, up to k tokens copied.
+
+    A single token that occurs three or more times in the context ("the", "\\n", a comma) is
+    weak evidence: what followed its latest occurrence is rarely what comes next. Such a
+    match proposes at most `weak_tokens` tokens, so a likely miss costs no more than a
+    short verification pass instead of a long one.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, weak_tokens: int = 3) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.weak_tokens = weak_tokens
         self._prompt: list[int] = []
         self._prefix_len = 0
 
@@ -32,8 +41,9 @@ class PromptLookupProposer(Proposer):
             hits = torch.nonzero((windows == tail).all(dim=1)).flatten()
             if hits.numel() == 0:
                 continue
+            length = min(k, self.weak_tokens) if n == 1 and hits.numel() >= 3 else k
             start = int(hits[-1]) + n  # the most recent match
-            continuation = context[start : start + k].tolist()
+            continuation = context[start : start + length].tolist()
             if continuation:
                 return Proposal(continuation)
         return Proposal()
