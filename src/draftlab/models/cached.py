@@ -57,8 +57,8 @@ class CachedModel:
         return list(prompt_ids)
 
     @torch.inference_mode()
-    def forward(self, new_ids: list[int], last_only: bool = False, keep: int | None = None) -> torch.Tensor:
-        """Logits [k, V] for the k new tokens, or for the last `keep` of them (1 with last_only).
+    def forward(self, new_ids: list[int], keep: int | None = None) -> torch.Tensor:
+        """Logits [k, V] for the k new tokens, or for only the last `keep` of them.
 
         Asking only for the rows that are needed skips the output layer on the others, which
         matters for a long prompt fed together with a proposal.
@@ -69,9 +69,7 @@ class CachedModel:
         else:
             feed = torch.tensor([self._tokens], device=self.device)
         kwargs: dict = {"use_cache": self.use_cache, "past_key_values": self._cache}
-        if keep is None:
-            keep = 1 if last_only else len(new_ids)
-        keep = min(keep, len(new_ids))
+        keep = len(new_ids) if keep is None else min(keep, len(new_ids))
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
         if self._encoder_out is not None:

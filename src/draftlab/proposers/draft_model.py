@@ -39,7 +39,7 @@ class DraftModelProposer(Proposer):
         own_prefix = self.draft.start(prompt_ids)
         # Prefill everything but the last prefix token; `propose` feeds the rest.
         if len(own_prefix) > 1:
-            self.draft.forward(own_prefix[:-1], last_only=True)
+            self.draft.forward(own_prefix[:-1], keep=1)
 
     def rollback(self, length: int) -> None:
         self.draft.crop(length)
@@ -55,7 +55,7 @@ class DraftModelProposer(Proposer):
         rows: list[torch.Tensor] = []
         fell_back = False
         for _ in range(k):
-            logits = self.draft.forward(pending, last_only=True)[-1]
+            logits = self.draft.forward(pending, keep=1)[-1]
             probs = None if params.greedy else warp_probs(logits, params)
             if not self._keep_going(probs, logits):
                 fell_back = True
@@ -75,7 +75,7 @@ class DraftModelProposer(Proposer):
     @staticmethod
     def _token_prob(token: int, probs: torch.Tensor | None, logits: torch.Tensor) -> float:
         if probs is None:  # greedy: the token is the argmax, so its probability is the top one
-            return float(torch.softmax(logits.float(), dim=-1)[token])
+            return _top_probability(logits)
         return float(probs[token])
 
     def _pad_vocab(self, probs: torch.Tensor) -> torch.Tensor:
@@ -105,5 +105,8 @@ class BildProposer(DraftModelProposer):
         self.fallback_threshold = fallback_threshold
 
     def _keep_going(self, probs: torch.Tensor | None, logits: torch.Tensor) -> bool:
-        confidence = torch.softmax(logits.float(), dim=-1).max().item()
-        return confidence >= self.fallback_threshold
+        return _top_probability(logits) >= self.fallback_threshold
+
+
+def _top_probability(logits: torch.Tensor) -> float:
+    return float(torch.softmax(logits.float(), dim=-1).max())
