@@ -12,6 +12,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tiny models gain nothing from threads, and on a busy 2-core machine threads cost a lot.
 torch.set_num_threads(1)
 
+@pytest.fixture(scope="session", autouse=True)
+def _profiles_in_tmp(tmp_path_factory):
+    """Cost profiles measured by tests stay out of the user's draftlab home."""
+    os.environ["DRAFTLAB_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+
+
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
 
 
@@ -30,5 +36,7 @@ def tiny_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stories():
     if not (STORIES / "config.json").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have {STORIES}: ../shared is missing beside the clone", pytrace=False)
         pytest.skip("../shared/models/stories260K is not present")
     return STORIES

@@ -10,6 +10,7 @@ from draftlab.bench.records import read_records
 from draftlab.bench.suites import load_suite, parse_jsonl
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
+from draftlab.models.profile import supported_dtypes
 
 SUITE_ROWS = [
     {
@@ -77,8 +78,10 @@ def test_bench_end_to_end_and_report_equals_live(tiny_pair, suite_file, tmp_path
     ):
         assert (out / name).exists(), name
     records = read_records(out / "results.jsonl")
-    # 3 single-turn examples + 1 two-turn example, 6 methods each.
-    assert len(records) == (3 + 2) * 6
+    # 3 single-turn examples + 1 two-turn example, 6 methods plus ar in each other dtype of this CPU.
+    others = [d for d in supported_dtypes("cpu") if d != "float32"]
+    assert len(records) == (3 + 2) * (6 + len(others))
+    assert {r.label for r in records if r.method == "ar"} == {"ar", *(f"ar {d}" for d in others)}
     assert {r.turn for r in records if r.example_id == "m1"} == {0, 1}
     for r in records:
         if r.method in ("sps", "pld", "hf-greedy", "hf-assisted"):
@@ -220,7 +223,7 @@ def test_seed_flag_names_are_aliases(tiny_pair, suite_file, tmp_path):
     ]
     assert main(args) == 0
     records = read_records(out / "results.jsonl")
-    assert {r.label for r in records} == {"ar", "sps"}
+    assert {r.label for r in records if not r.label.startswith("ar ")} == {"ar", "sps"}
     assert all(r.new_tokens <= 6 for r in records)
 
 

@@ -34,6 +34,7 @@ def loaded(tiny_pair):
 
 
 def run(method, target, draft, prompt, max_new=40, gamma=4, **kw):
+    kw.setdefault("draft_confidence", 0.0)  # plain SPS: every round drafts γ
     ids = encode_prompt(target, prompt, chat=False)
     return build_decoder(DecoderConfig(method=method, gamma=gamma, **kw), target, draft).generate(
         ids, max_new, GREEDY

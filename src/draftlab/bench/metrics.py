@@ -41,12 +41,12 @@ from dataclasses import asdict
 import numpy as np
 
 from draftlab.bench.records import Record, RunInfo
+from draftlab.decode.methods import is_speculative
 
 SCHEMA_VERSION = 1
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
-NON_SPECULATIVE = ("ar", "hf-greedy")  # methods that decode one target token per forward pass
 OVERALL = "overall"
 
 # The BiLD thresholds as the runner may spell them in Record.params.
@@ -204,6 +204,24 @@ def acceptance(records: Sequence[Record]) -> dict:
     }
 
 
+def sizing(records: Sequence[Record]) -> dict:
+    """Cost-aware sizing: the distribution of k per round, the share of plain rounds (k = 0), probes,
+    and the cost curve's predicted speed-up over plain decoding for the rounds that were run
+    (Σ ms plain decoding would spend on the expected tokens / Σ predicted ms)."""
+    counts = _elementwise_sum(r.k_counts for r in records)
+    rounds = sum(counts)
+    predicted_ms = sum(r.predicted_ms for r in records)
+    return {
+        "k_counts": counts,
+        "k0_share": ratio(counts[0], rounds) if counts else None,
+        "mean_k": ratio(sum(k * n for k, n in enumerate(counts)), rounds) if counts else None,
+        "probes": sum(r.probes for r in records),
+        "cost_predicted_speedup": ratio(sum(r.predicted_plain_ms for r in records), predicted_ms)
+        if counts
+        else None,
+    }
+
+
 def draft_step_s(records: Sequence[Record]) -> float | None:
     """Seconds per draft forward pass while proposing: Σ propose_s / Σ propose_calls."""
     return ratio(sum(r.propose_s for r in records), sum(r.propose_calls for r in records))
@@ -304,6 +322,7 @@ def group_metrics(
     out["predicted_speedup"] = predicted
     decode = out["decode_speedup"]
     out["measured_over_predicted"] = decode / predicted if decode is not None and predicted else None
+    out.update(sizing(records))
     out.update(greedy_match(records))
     out.update(bild_stats(records))
     out.update(prefill_stats(records))
@@ -414,7 +433,7 @@ def sweeps(
     spec = [
         label
         for label, v in variants.items()
-        if v["method"] not in NON_SPECULATIVE and v["method"] != "bild" and v["gamma"] is not None
+        if is_speculative(v["method"]) and v["method"] != "bild" and v["gamma"] is not None
     ]
     settings = _by(spec, lambda label: (variants[label]["method"], variants[label]["temperature"]))
     varying = {
@@ -496,7 +515,7 @@ def sweeps(
         def combo(label: str) -> tuple[bool, bool, str]:
             v = variants[label]
             attn = v["params"].get("attn_implementation") or "default"
-            return (v["method"] not in NON_SPECULATIVE, bool(v["params"].get("use_cache", True)), str(attn))
+            return (is_speculative(v["method"]), bool(v["params"].get("use_cache", True)), str(attn))
 
         combos = {label: combo(label) for label in variants}
         if len({(cache, attn) for _, cache, attn in combos.values()}) > 1:
@@ -549,6 +568,44 @@ def json_safe(value: object) -> object:
     return value
 
 
+def add_vs_best_plain(
+    group: dict[str, dict],
+    by_label: dict[str, list[Record]],
+    subtask: str | None,
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> None:
+    """ "vs best ar": every label's speed-up over the fastest plain decoding in the group (any dtype).
+
+    The baseline of a speed-up is one `ar`; a method that beats a slow `ar` (say bfloat16 on a CPU
+    that emulates it) but loses to a fast one (float32 there) must show it.
+    """
+    plain = [
+        label
+        for label, m in group.items()
+        if not is_speculative(m.get("method")) and m.get("tokens_per_s") is not None
+    ]
+    for m in group.values():
+        m.update(best_plain=None, vs_best_ar=None, vs_best_ar_ci_low=None, vs_best_ar_ci_high=None)
+    if not plain:
+        return
+    best = max(plain, key=lambda label: group[label]["tokens_per_s"])
+
+    def rows(label: str) -> list[Record]:
+        return [r for r in by_label[label] if subtask is None or r.subtask == subtask]
+
+    base = rows(best)
+    for label, m in group.items():
+        s = speedup(rows(label), base, resamples=0 if label == best else resamples, seed=seed)
+        m.update(
+            best_plain=best,
+            vs_best_ar=s["speedup"],
+            vs_best_ar_ci_low=s["speedup_ci_low"],
+            vs_best_ar_ci_high=s["speedup_ci_high"],
+        )
+
+
 def summarize(
     records: Sequence[Record],
     run: RunInfo,
@@ -586,6 +643,9 @@ def summarize(
         }
         for subtask in subtasks
     }
+    add_vs_best_plain(overall, by_label, None, resamples=resamples, seed=seed)
+    for subtask, group in per_subtask.items():
+        add_vs_best_plain(group, by_label, subtask, resamples=resamples, seed=seed)
     unmatched = {}
     for label in labels:
         base_name = baseline_label(run, label)

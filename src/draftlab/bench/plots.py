@@ -12,7 +12,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from draftlab.bench.metrics import NON_SPECULATIVE
+from draftlab.decode.methods import is_speculative
 
 SPEEDUP_PNG = "speedup_by_subtask.png"
 ACCEPTANCE_PNG = "acceptance_vs_gamma.png"
@@ -185,7 +185,7 @@ def plot_tokens_per_s_vs_draft_size(summary: dict, path: Path) -> Path:
     labels = [
         label
         for label in summary["labels"]
-        if summary["variants"][label]["method"] not in NON_SPECULATIVE
+        if is_speculative(summary["variants"][label]["method"])
         and summary["variants"][label]["draft_params"] is not None
         and summary["overall"][label]["tokens_per_s"] is not None
     ]

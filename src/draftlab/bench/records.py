@@ -51,6 +51,13 @@ class Record:
     greedy_match: bool | None = None  # same tokens as the baseline's for this example/turn/repeat
     draft_params: int | None = None
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)
+    # Cost-aware sizing: rounds per draft length k, probes at k = 0, and the cost curve's prediction
+    # (Σ expected tokens, Σ predicted ms, Σ ms plain decoding would spend on those tokens).
+    k_counts: list[int] = field(default_factory=list)
+    probes: int = 0
+    predicted_tokens: float = 0.0
+    predicted_ms: float = 0.0
+    predicted_plain_ms: float = 0.0
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -19,6 +19,7 @@ from rich.table import Table
 from draftlab.bench.metrics import decode_tokens, ratio, summarize
 from draftlab.bench.plots import fmt_params, write_plots
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
+from draftlab.decode.methods import REGISTRY
 from draftlab.errors import DraftlabError
 
 SUMMARY_JSON = "summary.json"
@@ -27,14 +28,7 @@ REPORT_MD = "report.md"
 PER_EXAMPLE_CSV = "per_example.csv"
 
 # The names the seed reports used ("AS: ... tokens/sec, SPS: ...") for labels that are a bare method.
-SEED_NAMES = {
-    "ar": "AS",
-    "sps": "SPS",
-    "bild": "BiLD",
-    "pld": "PLD",
-    "hf-greedy": "HF",
-    "hf-assisted": "HF-AG",
-}
+SEED_NAMES = {name: spec.seed_name for name, spec in REGISTRY.items()}
 
 CSV_FIELDS = (
     "method",
@@ -69,6 +63,14 @@ CSV_FIELDS = (
     "cost_ratio",
     "predicted_speedup",
     "measured_over_predicted",
+    "best_plain",
+    "vs_best_ar",
+    "vs_best_ar_ci_low",
+    "vs_best_ar_ci_high",
+    "k0_share",
+    "mean_k",
+    "probes",
+    "cost_predicted_speedup",
     "greedy_compared",
     "greedy_matches",
     "greedy_match_rate",
@@ -149,6 +151,18 @@ def fmt_speedup(m: dict, prefix: str = "", ci: bool = True) -> str:
     return text
 
 
+def fmt_vs_best(m: dict) -> str:
+    """ "0.98× [0.95, 1.01]" over the fastest plain decoding of the group; "best" for that one itself."""
+    value = m.get("vs_best_ar")
+    if value is None:
+        return "-"
+    if m.get("best_plain") == m.get("label"):
+        return "best"
+    text = f"{value:.2f}×"
+    low, high = m.get("vs_best_ar_ci_low"), m.get("vs_best_ar_ci_high")
+    return text + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+
+
 def fmt_ci(m: dict, prefix: str = "") -> str:
     low, high = m.get(f"{prefix}speedup_ci_low"), m.get(f"{prefix}speedup_ci_high")
     if low is None or high is None:
@@ -184,6 +198,7 @@ METRIC_HEADERS = (
     "decode tok/s",
     "speed-up",
     "95% CI",
+    "vs best ar",
     "α",
     "α̂",
     "mean acc. len",
@@ -201,6 +216,7 @@ def _metric_cells(m: dict) -> list[str]:
         fmt_rate(m["decode_tokens_per_s"]),
         fmt_speedup(m, ci=False),
         fmt_ci(m),
+        fmt_vs_best(m),
         fmt(m["acceptance_rate"], 3),
         fmt(m["alpha_hat"], 3),
         fmt(m["mean_accepted_length"]),
@@ -245,6 +261,36 @@ def timing_table(summary: dict) -> TableData:
             ]
         )
     return TableData("Timing", headers, rows)
+
+
+def sizing_table(summary: dict) -> TableData | None:
+    """How cost-aware methods sized their rounds, and whether the cost curve predicted the outcome."""
+    rows = []
+    for label in summary["labels"]:
+        m = summary["overall"][label]
+        if not m.get("k_counts"):
+            continue
+        total = sum(m["k_counts"])
+        spread = " ".join(f"{k}:{n / total * 100:.0f}%" for k, n in enumerate(m["k_counts"]) if n)
+        rows.append(
+            [
+                label,
+                str(total),
+                fmt_pct(m["k0_share"]),
+                fmt(m["mean_k"]),
+                spread,
+                str(m["probes"]),
+                fmt(m["cost_predicted_speedup"]) + ("×" if m["cost_predicted_speedup"] is not None else ""),
+                fmt_speedup(m, "decode_", ci=False),
+                fmt_vs_best(m),
+            ]
+        )
+    if not rows:
+        return None
+    headers = ["label", "rounds", "k = 0", "mean k", "share of rounds by k", "probes"]
+    headers += ["predicted (cost curve)", "decode speed-up", "vs best ar"]
+    note = "k = 0 is a plain target step; predicted = Σ ms plain decoding would take for the expected tokens / Σ predicted ms"
+    return TableData("Round sizing (cost-aware)", headers, rows, note)
 
 
 def acceptance_table(summary: dict) -> TableData | None:
@@ -566,7 +612,15 @@ def run_lines(summary: dict) -> list[str]:
         f"labels: {', '.join(summary['labels'])}",
         f"subtasks: {', '.join(summary['subtask_names'])}",
     ]
-    for key, value in (run.get("extra") or {}).items():
+    extra = dict(run.get("extra") or {})
+    hw = extra.pop("hardware", None)
+    if hw:
+        details = hw.get("isa_flags") if hw.get("kind") == "cpu" else [f"compute {hw.get('capability')}"]
+        lines.append(f"hardware: {hw.get('name')} · {', '.join(details or []) or 'no listed ISA flags'}")
+    choice = extra.pop("dtype_choice", None)
+    if choice:
+        lines.append(f"dtype chosen: {choice['dtype']}, because {choice['reason']}")
+    for key, value in extra.items():
         lines.append(
             f"{key}: {json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value}"
         )
@@ -634,9 +688,9 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
 
     main_tables = [overall_table(summary), subtask_table(summary)]
     extra_tables = [timing_table(summary)]
-    acceptance = acceptance_table(summary)
-    if acceptance is not None:
-        extra_tables.append(acceptance)
+    for optional in (sizing_table(summary), acceptance_table(summary)):
+        if optional is not None:
+            extra_tables.append(optional)
     sweeps = sweep_tables(summary)
     md_tables = [*main_tables, *extra_tables, *sweeps, per_example_table(rows)]
     (directory / REPORT_MD).write_text(markdown_report(summary, md_tables, plots), encoding="utf-8")
@@ -648,6 +702,9 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     for line in result_lines(summary, subtasks=False):
         console.print(line, markup=False, highlight=False)
     console.print(rich_table(main_tables[1]))
+    sized = sizing_table(summary)
+    if sized is not None:
+        console.print(rich_table(sized))
     for table in sweeps:
         console.print(rich_table(table))
     if per_example:

@@ -25,6 +25,7 @@ from rich.progress import (
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
 from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
+from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 from draftlab.models.prompting import Message, encode_prompt
@@ -41,13 +42,14 @@ class Variant:
     draft: LoadedModel | None
     sampling: SamplingParams
     params: dict = field(default_factory=dict)
+    cost: CostModel | None = None  # the machine's cost model: cost-aware methods size rounds from it
     _decoder: Decoder | None = None
 
     @property
     def decoder(self) -> Decoder:
         if self._decoder is None:
             self._decoder = build_decoder(
-                self.config, self.target, self.draft if self.config.needs_draft else None
+                self.config, self.target, self.draft if self.config.needs_draft else None, self.cost
             )
         return self._decoder
 
@@ -204,14 +206,6 @@ def _warm_up(plan: BenchPlan) -> None:
             variant.decoder.generate(ids, min(plan.max_new_tokens, 16), variant.sampling)
 
 
-def _gamma(config: DecoderConfig) -> int | None:
-    if config.method in ("ar", "hf-greedy"):
-        return None
-    if config.method == "pld":
-        return config.pld_tokens
-    return config.max_small_steps if config.method == "bild" else config.gamma
-
-
 def _record(
     variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None
 ) -> Record:
@@ -225,7 +219,7 @@ def _record(
         turn=turn,
         repeat=repeat,
         temperature=variant.sampling.temperature,
-        gamma=_gamma(variant.config),
+        gamma=variant.config.spec.gamma(variant.config),
         target=variant.target.spec.name,
         draft=variant.draft.spec.name if uses_draft else None,
         prompt_tokens=s.prompt_tokens,
@@ -250,4 +244,9 @@ def _record(
         greedy_match=greedy_match,
         draft_params=variant.draft.num_parameters if uses_draft else None,
         params=variant.params,
+        k_counts=s.k_counts,
+        probes=s.probes,
+        predicted_tokens=s.predicted_tokens,
+        predicted_ms=s.predicted_ms,
+        predicted_plain_ms=s.predicted_plain_ms,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 from pathlib import Path
@@ -19,14 +20,17 @@ from draftlab.bench.suites import SUBTASKS, load_suite
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
+    cost_model,
     decoder_config,
     load_pair,
+    load_spec,
     sampling_from,
 )
 from draftlab.cli.console import report_console
-from draftlab.decode.methods import METHODS, NEEDS_DRAFT
+from draftlab.decode.methods import METHODS, method_spec
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import LoadedModel
+from draftlab.models.loading import DTYPES, LoadedModel
+from draftlab.models.profile import hardware, supported_dtypes
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted"
 
@@ -66,6 +70,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark methods over a prompt suite, per subtask")
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument(
+        "--ar-dtypes",
+        default="supported",
+        help="also run ar in these dtypes (comma-separated), so that 'vs best ar' compares with the "
+        "fastest plain decoding here: supported (default: every dtype the device supports) or none",
+    )
     add_model_args(p)
     add_method_args(p)
     add_suite_args(p)
@@ -86,18 +96,41 @@ def parse_list(text: str, kind, name: str) -> list:
 def run(args: argparse.Namespace) -> int:
     methods = parse_list(args.methods, str, "method")
     for m in methods:
-        if m not in METHODS:
-            raise DraftlabError(f"unknown method '{m}' (choose from {', '.join(METHODS)})")
+        method_spec(m)
     if "ar" not in methods:
         methods.insert(0, "ar")  # speed-ups are always measured against our own AR baseline
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
     examples = suite_examples(args)
-    target, draft = load_pair(args, any(m in NEEDS_DRAFT for m in methods))
+    target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
+    cost = cost_model(args, target, draft) if any(c.adaptive for c in configs.values()) else None
     variants = [
-        Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m])) for m in methods
+        Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m]), cost)
+        for m in methods
     ]
+    variants += plain_variants_in_other_dtypes(args, target, configs["ar"], sampling)
     return execute(args, "bench", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+
+
+def plain_variants_in_other_dtypes(args: argparse.Namespace, target: LoadedModel, config, sampling) -> list:
+    """`ar` in every other dtype the device supports, so that "vs best ar" is the machine's fastest."""
+    if args.ar_dtypes == "none":
+        return []
+    dtypes = (
+        supported_dtypes(target.spec.device)
+        if args.ar_dtypes == "supported"
+        else parse_list(args.ar_dtypes, str, "dtype")
+    )
+    out = []
+    for dtype in dtypes:
+        if dtype == target.spec.dtype:
+            continue
+        if dtype not in DTYPES:
+            raise DraftlabError(f"unknown dtype '{dtype}' in --ar-dtypes (choose from {', '.join(DTYPES)})")
+        other = load_spec(dataclasses.replace(target.spec, dtype=dtype))
+        params = variant_params(args, config, dtype=dtype)
+        out.append(Variant(f"ar {dtype}", config, other, None, sampling, params))
+    return out
 
 
 def suite_examples(args: argparse.Namespace):
@@ -114,19 +147,11 @@ def suite_examples(args: argparse.Namespace):
 
 def variant_params(args: argparse.Namespace, config, **extra) -> dict:
     params = {
-        "use_cache": config.use_cache,
+        **config.settings(),
         "attn_implementation": args.attn_implementation or "default",
         "top_k": args.top_k,
         "top_p": args.top_p,
     }
-    if config.method == "bild":
-        params.update(
-            fallback_threshold=config.fallback_threshold, rollback_threshold=config.rollback_threshold
-        )
-    if config.method == "pld":
-        params.update(max_ngram=config.max_ngram, pld_tokens=config.pld_tokens)
-    if config.method in ("sps", "hf-assisted"):
-        params.update(draft_confidence=config.draft_confidence)
     params.update(extra)
     return params
 
@@ -181,6 +206,9 @@ def execute(
                 "processor": platform.processor(),
                 "python": platform.python_version(),
             },
+            "hardware": hardware(target.device),
+            "dtype_choice": getattr(args, "dtype_choices", {}).get(target.spec.name),
+            "sizing": "fixed k" if getattr(args, "fixed_k", False) else "cost-aware",
             **(extra or {}),
         },
     )

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from draftlab.decode.methods import DecoderConfig
+from rich.console import Console
+
+from draftlab.decode.methods import DEFAULTS, DecoderConfig
+from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
@@ -14,6 +17,14 @@ from draftlab.models.loading import (
     ModelSpec,
     check_compatible,
     load_model,
+)
+from draftlab.models.profile import (
+    Profile,
+    load_cached,
+    load_or_measure,
+    pick_dtype,
+    profile_dir,
+    supported_dtypes,
 )
 from draftlab.sampling import SamplingParams
 
@@ -30,7 +41,7 @@ def threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid threshold value: '{text}'") from None
 
 
-def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "bfloat16") -> None:
+def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
     g = parser.add_argument_group("models")
     g.add_argument(
         "--target",
@@ -46,7 +57,13 @@ def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "bfloat
         default=None,
         help=f"draft model (default: {DEFAULT_DRAFT} with the default target)",
     )
-    g.add_argument("--dtype", choices=list(DTYPES), default=default_dtype, help="dtype of both models")
+    g.add_argument(
+        "--dtype",
+        choices=[*DTYPES, "auto"],
+        default=default_dtype,
+        help="dtype of both models; auto (default): the dtype whose plain decoding is fastest on this "
+        "machine, from its measured cost profile",
+    )
     g.add_argument("--target-dtype", choices=list(DTYPES), default=None)
     g.add_argument("--draft-dtype", choices=list(DTYPES), default=None)
     g.add_argument(
@@ -59,19 +76,45 @@ def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "bfloat
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
-    g.add_argument("--gamma", type=int, default=4, help="draft tokens per verification (γ)")
+    g.add_argument(
+        "--gamma",
+        type=int,
+        default=DEFAULTS.gamma,
+        help="sps: draft tokens per round (γ); with cost-aware sizing the most per round",
+    )
+    g.add_argument(
+        "--fixed-k",
+        action="store_true",
+        help="sps and pld: draft γ (pld: --pld-tokens) every round instead of sizing each round from "
+        "the machine's cost profile and the acceptance so far",
+    )
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
-    g.add_argument("--fallback-threshold", type=float, default=0.6, help="BiLD fallback threshold in [0, 1]")
     g.add_argument(
-        "--rollback-threshold", type=threshold, default=5.0, help="BiLD rollback threshold (> 0, or inf)"
+        "--fallback-threshold",
+        type=float,
+        default=DEFAULTS.fallback_threshold,
+        help="BiLD fallback threshold in [0, 1]",
     )
-    g.add_argument("--max-small-steps", type=int, default=10, help="BiLD: most small-model tokens per block")
-    g.add_argument("--max-ngram", type=int, default=3, help="PLD: longest n-gram matched")
-    g.add_argument("--pld-tokens", type=int, default=10, help="PLD: most tokens proposed per round")
+    g.add_argument(
+        "--rollback-threshold",
+        type=threshold,
+        default=DEFAULTS.rollback_threshold,
+        help="BiLD rollback threshold (> 0, or inf)",
+    )
+    g.add_argument(
+        "--max-small-steps",
+        type=int,
+        default=DEFAULTS.max_small_steps,
+        help="BiLD: most small-model tokens per block",
+    )
+    g.add_argument("--max-ngram", type=int, default=DEFAULTS.max_ngram, help="PLD: longest n-gram matched")
+    g.add_argument(
+        "--pld-tokens", type=int, default=DEFAULTS.pld_tokens, help="PLD: most tokens proposed per round"
+    )
     g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )
@@ -80,7 +123,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         "--assistant-confidence",
         dest="draft_confidence",
         type=float,
-        default=0.4,
+        default=DEFAULTS.draft_confidence,
         help="sps and hf-assisted: stop drafting after a token the draft gives less than this probability "
         "(HF's assistant_confidence_threshold, whose default is also 0.4; 0: always draft γ)",
     )
@@ -103,6 +146,7 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         pld_tokens=args.pld_tokens,
         use_cache=not args.no_kv_cache,
         draft_confidence=args.draft_confidence,
+        fixed_k=args.fixed_k,
     )
 
 
@@ -114,17 +158,84 @@ def model_names(args: argparse.Namespace, need_draft: bool) -> tuple[str, str | 
     return target, draft
 
 
+_LOADED: dict[ModelSpec, LoadedModel] = {}  # one load per spec per process (auto profiles several)
+
+
+def load_spec(spec: ModelSpec) -> LoadedModel:
+    if spec not in _LOADED:
+        _LOADED[spec] = load_model(spec)
+    return _LOADED[spec]
+
+
+def _status(message: str) -> None:
+    Console(stderr=True).print(f"[dim]{message}[/]")
+
+
+def machine_profile(lm: LoadedModel) -> Profile:
+    """The model's cost profile on this machine, measured once and then read from the cache."""
+    cached = load_cached(lm)
+    if cached is not None:
+        return cached
+    _status(f"profiling {lm.spec.name} ({lm.spec.dtype}) on this machine, once: cached in {profile_dir()}")
+    return load_or_measure(lm)[0]
+
+
+def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> str:
+    """`--dtype auto`: the dtype whose plain decoding (prefill + decode) is fastest here, by profile."""
+    choices = getattr(args, "dtype_choices", None)
+    if choices is None:
+        choices = args.dtype_choices = {}
+    if name in choices:
+        return choices[name]["dtype"]
+    curves = {}
+    for dtype in supported_dtypes(device):
+        curves[dtype] = machine_profile(load_spec(ModelSpec(name, dtype, device, attn))).curve
+    prompt_tokens = 256
+    dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
+    others = ", ".join(f"{d} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
+    reason = (
+        f"plain decoding of a {prompt_tokens}-token prompt + {args.max_new_tokens} tokens is predicted "
+        f"to take {predicted[dtype] / 1000:.2f} s in {dtype}" + (f" (vs {others})" if others else "")
+    )
+    choices[name] = {
+        "dtype": dtype,
+        "reason": reason,
+        "predicted_s": {d: v / 1000 for d, v in predicted.items()},
+    }
+    return dtype
+
+
+def role_spec(args: argparse.Namespace, name: str, role: str, attn: str | None = None) -> ModelSpec:
+    device = getattr(args, f"{role}_device") or args.device
+    attn = attn or args.attn_implementation
+    dtype = getattr(args, f"{role}_dtype") or args.dtype
+    if dtype == "auto":
+        dtype = resolve_dtype(args, name, device, attn)
+    return ModelSpec(name, dtype, device, attn)
+
+
 def load_role(args: argparse.Namespace, name: str, role: str, attn: str | None = None) -> LoadedModel:
     """Load `name` as the target or a draft, with that role's dtype and device from the CLI."""
-    dtype = getattr(args, f"{role}_dtype") or args.dtype
-    device = getattr(args, f"{role}_device") or args.device
-    return load_model(ModelSpec(name, dtype, device, attn or args.attn_implementation))
+    return load_spec(role_spec(args, name, role, attn))
+
+
+def cost_model(args: argparse.Namespace, target: LoadedModel, draft: LoadedModel | None) -> CostModel | None:
+    """The machine's cost model for this pair, or None when rounds are not sized from it."""
+    if getattr(args, "fixed_k", False):
+        return None
+    return CostModel(machine_profile(target).curve, machine_profile(draft).curve if draft else None)
 
 
 def load_draft(
     args: argparse.Namespace, name: str, target: LoadedModel, attn: str | None = None
 ) -> LoadedModel:
-    draft = load_role(args, name, "draft", attn)
+    # With --dtype auto the draft follows the target's dtype unless --draft-dtype says otherwise.
+    if (args.draft_dtype or args.dtype) == "auto":
+        dtype = target.spec.dtype
+        device = args.draft_device or args.device
+        draft = load_spec(ModelSpec(name, dtype, device, attn or args.attn_implementation))
+    else:
+        draft = load_role(args, name, "draft", attn)
     check_compatible(target, draft)
     return draft
 

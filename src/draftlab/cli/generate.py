@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             "method": args.method,
             "target": target.spec.name,
             "draft": draft.spec.name if draft else None,
-            "gamma": config.gamma,
+            "gamma": config.spec.gamma(config),
             "temperature": params.temperature,
             "text": result.text,
             "tokens": result.tokens,

@@ -17,6 +17,7 @@ from draftlab.cli.bench import (
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
+    cost_model,
     decoder_config,
     load_draft,
     load_pair,
@@ -55,6 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
+    # setting's full length; the temperature sweep keeps the default cost-aware sizing.
+    if args.kind != "temperature":
+        args.fixed_k = True
     examples = suite_examples(args)
     sampling = sampling_from(args)
     base = decoder_config(args, "ar")
@@ -111,13 +116,14 @@ def run(args: argparse.Namespace) -> int:
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
         target, draft = load_pair(args, need_draft=cfg.needs_draft)
+        cost = cost_model(args, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
         variants, baselines = [], {}
         for t in temperatures:
             params = SamplingParams(t, args.top_k, args.top_p, args.seed)
             ar_label = f"ar T={t:g}"
             variants.append(Variant(ar_label, base, target, None, params, variant_params(args, base)))
             variants.append(
-                Variant(f"{args.method} T={t:g}", cfg, target, draft, params, variant_params(args, cfg))
+                Variant(f"{args.method} T={t:g}", cfg, target, draft, params, variant_params(args, cfg), cost)
             )
             baselines[ar_label] = ar_label
             baselines[f"{args.method} T={t:g}"] = ar_label

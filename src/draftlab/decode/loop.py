@@ -8,6 +8,8 @@ through the target together, as in HF's assisted generation, so no pass is spent
 prompt alone.
 With a proposer that suggests nothing, the same loop is plain autoregressive decoding,
 so the baseline and the methods share one code path.
+With a `RoundSizer`, each round's draft length comes from the machine's cost curve and the
+acceptance seen so far (decode/sizing.py); a round of k = 0 is a plain target step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from draftlab.decode.sizing import RoundSizer, Shadow
 from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
@@ -44,6 +47,14 @@ class GenerationStats:
     draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
     propose_s: float = 0.0  # wall time inside the proposer during decoding (its prefill excluded)
     propose_calls: int = 0  # draft forward passes made while proposing (its prefill excluded)
+    # Cost-aware sizing (empty without it): rounds per chosen draft length k (index k), probes
+    # made at k = 0, and the cost curve's prediction for the rounds run: Σ expected tokens, Σ ms,
+    # and Σ ms that plain decoding would have spent on those expected tokens.
+    k_counts: list[int] = field(default_factory=list)
+    probes: int = 0
+    predicted_tokens: float = 0.0
+    predicted_ms: float = 0.0
+    predicted_plain_ms: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -65,6 +76,15 @@ class GenerationStats:
     @property
     def tokens_per_s(self) -> float | None:
         return self.new_tokens / self.total_s if self.total_s > 0 else None
+
+    def record_choice(self, k: int, tokens: float, cost_ms: float, plain_ms: float, probe: bool) -> None:
+        while len(self.k_counts) <= k:
+            self.k_counts.append(0)
+        self.k_counts[k] += 1
+        self.probes += int(probe)
+        self.predicted_tokens += tokens
+        self.predicted_ms += cost_ms
+        self.predicted_plain_ms += tokens * plain_ms
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -98,6 +118,7 @@ class SpeculativeDecoder:
         proposer: Proposer,
         rule: AcceptanceRule,
         gamma: int = 4,
+        sizer: RoundSizer | None = None,
     ) -> None:
         if gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {gamma}")
@@ -105,6 +126,7 @@ class SpeculativeDecoder:
         self.proposer = proposer
         self.rule = rule
         self.gamma = gamma
+        self.sizer = sizer
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
 
@@ -144,13 +166,31 @@ class SpeculativeDecoder:
         proposer.start(prompt_ids, sequence)
         t_first: float | None = None
 
+        sizer = self.sizer
+        shadow = Shadow()
+        if sizer is not None:
+            sizer.start()
         while len(sequence) - prefix_len < max_new_tokens and (
             len(sequence) == prefix_len or sequence[-1] not in self.eos
         ):
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
-            proposal = self._cut_at_eos(proposer.propose(sequence, min(self.gamma, budget), params, sampler))
+            choice = None
+            if sizer is None:
+                proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+            elif sizer.free_drafts:
+                # Free drafts: propose first, then verify only the share that pays.
+                proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+                sizer.observe_propose_time((time.perf_counter() - t_propose) * 1000)
+                choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
+                if choice.k < len(proposal.tokens) and not shadow.active and choice.k == 0:
+                    shadow.begin(proposal.tokens, proposal.kind)
+                proposal = proposal.truncate(choice.k)
+            else:
+                choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence))
+                proposal = proposer.propose(sequence, choice.k, params, sampler) if choice.k else Proposal()
+            proposal = self._cut_at_eos(proposal)
             stats.propose_s += time.perf_counter() - t_propose
             stats.propose_calls += proposer.forward_calls - calls_before
             # The target holds the sequence minus its last token (in round 1, nothing yet): feed
@@ -164,6 +204,16 @@ class SpeculativeDecoder:
             stats.record_round(len(proposal.tokens), verdict.accepted)
             stats.fallbacks += int(proposal.fell_back)
             stats.rollbacks += int(verdict.next_token is not None and verdict.accepted < len(proposal.tokens))
+            if sizer is not None and choice is not None:
+                stats.record_choice(
+                    choice.k, choice.expected_tokens, choice.cost_ms, choice.plain_ms, choice.probe
+                )
+                sizer.observe(len(proposal.tokens), verdict.accepted, proposal.kind, choice.probe)
+                # A shadow proposal is judged by the tokens the target wrote instead (free evidence);
+                # a speculative round ends it with what it has seen so far.
+                ended = shadow.advance(new) if proposal.tokens == [] and shadow.active else shadow.end()
+                if ended is not None:
+                    sizer.observe(*ended)
             new = self._stop_at_eos(new)[:budget]
             stats.draft_tokens_kept += min(verdict.accepted, len(new))
             sequence.extend(new)

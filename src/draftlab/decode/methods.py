@@ -1,22 +1,24 @@
-"""Build a decoder for a method name: the one place that knows which parts make up which method."""
+"""One declaration per method: the one place that knows which parts make up which method.
+
+A `MethodSpec` names a method, says whether it needs a draft model, whether it speculates,
+which `DecoderConfig` settings it reads, how its draft length is reported, and how its
+decoder is built. Adding a method is one entry in `REGISTRY` plus its proposer or rule.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Protocol
 
-from draftlab.decode.hf import HFGenerateDecoder
-from draftlab.decode.loop import Generation, SpeculativeDecoder
 from draftlab.errors import DraftlabError
-from draftlab.models.cached import CachedModel
-from draftlab.models.loading import LoadedModel
-from draftlab.proposers import BildProposer, DraftModelProposer, NoProposer, PromptLookupProposer
-from draftlab.sampling import SamplingParams
-from draftlab.verify.rules import BildRule, SpeculativeRule
 
-METHODS = ("ar", "sps", "bild", "pld", "hf-greedy", "hf-assisted")
-NEEDS_DRAFT = ("sps", "bild", "hf-assisted")
+if TYPE_CHECKING:
+    from draftlab.decode.loop import Generation
+    from draftlab.decode.sizing import CostModel
+    from draftlab.models.loading import LoadedModel
+    from draftlab.sampling import SamplingParams
 
 
 class Decoder(Protocol):
@@ -25,19 +27,25 @@ class Decoder(Protocol):
 
 @dataclass(frozen=True)
 class DecoderConfig:
+    """Every method setting, with its one default. The CLI reads its defaults from here."""
+
     method: str = "sps"
-    gamma: int = 4
+    gamma: int = 4  # sps: draft tokens per round (with cost-aware sizing: the most per round)
     fallback_threshold: float = 0.6  # BiLD: the small model continues while max prob >= this
     rollback_threshold: float = 5.0  # BiLD: roll back where -log p_large(token) > this (inf: never)
     max_small_steps: int = 10  # BiLD: at most this many small-model tokens per block
     max_ngram: int = 3  # PLD: longest n-gram to match
     pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
     use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
-    # sps and hf-assisted: stop drafting after a draft token with probability below this (0: off)
-    draft_confidence: float = 0.0
+    # sps and hf-assisted: stop drafting after a draft token with probability below this (0: off).
+    # 0.4 is HF's assistant_confidence_threshold default.
+    draft_confidence: float = 0.4
+    # sps and pld: False sizes every round from the machine's cost curve and the acceptance seen
+    # so far (k = 0 is a plain target step); True drafts the full γ (or PLD's tokens) every round.
+    fixed_k: bool = False
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in REGISTRY:
             raise DraftlabError(f"unknown method '{self.method}' (choose from {', '.join(METHODS)})")
         if self.gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {self.gamma}")
@@ -55,31 +63,216 @@ class DecoderConfig:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
 
     @property
+    def spec(self) -> MethodSpec:
+        return REGISTRY[self.method]
+
+    @property
     def needs_draft(self) -> bool:
-        return self.method in NEEDS_DRAFT
+        return self.spec.needs_draft
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether rounds are sized from the cost curve (the method supports it and k is not fixed)."""
+        return self.spec.cost_aware and not self.fixed_k
+
+    def settings(self) -> dict:
+        """The settings this method reads, as recorded with every result."""
+        out = {"use_cache": self.use_cache}
+        out.update({name: getattr(self, name) for name in self.spec.params})
+        if self.spec.cost_aware:
+            out["fixed_k"] = self.fixed_k
+        return out
 
 
-def build_decoder(config: DecoderConfig, target: LoadedModel, draft: LoadedModel | None = None) -> Decoder:
-    if config.needs_draft and draft is None:
-        raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
-    if config.method == "hf-greedy":
-        return HFGenerateDecoder(target)
-    if config.method == "hf-assisted":
-        return HFGenerateDecoder(target, draft, config.gamma, config.draft_confidence)
-    target_runner = CachedModel(target, use_cache=config.use_cache)
-    if config.method == "ar":
-        return SpeculativeDecoder(target_runner, NoProposer(), SpeculativeRule(), gamma=1)
-    if config.method == "pld":
-        return SpeculativeDecoder(
-            target_runner, PromptLookupProposer(config.max_ngram), SpeculativeRule(), config.pld_tokens
-        )
-    assert draft is not None
-    draft_runner = CachedModel(draft, use_cache=config.use_cache)
-    stop = frozenset(target.eos_token_ids)
-    if config.method == "sps":
-        proposer = DraftModelProposer(draft_runner, target.vocab_size, config.draft_confidence, stop)
-        return SpeculativeDecoder(target_runner, proposer, SpeculativeRule(), config.gamma)
-    proposer = BildProposer(draft_runner, target.vocab_size, config.fallback_threshold, stop)
-    return SpeculativeDecoder(
-        target_runner, proposer, BildRule(config.rollback_threshold), gamma=config.max_small_steps
+_FIELDS = {f.name for f in fields(DecoderConfig)}
+
+Builder = Callable[["DecoderConfig", "LoadedModel", "LoadedModel | None", "CostModel | None"], Decoder]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    summary: str
+    build: Builder
+    needs_draft: bool = False
+    speculative: bool = True  # False: one target token per forward pass (a baseline)
+    cost_aware: bool = False  # rounds can be sized from the cost curve
+    params: tuple[str, ...] = ()  # the DecoderConfig fields the method reads
+    draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
+    seed_name: str = ""  # the name the seed reports used ("AS", "SPS", ...)
+
+    def __post_init__(self) -> None:
+        for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
+            if name not in _FIELDS:
+                raise ValueError(f"method '{self.name}' names an unknown setting '{name}'")
+
+    def gamma(self, config: DecoderConfig) -> int | None:
+        """The draft length to report for this method (None where it has none)."""
+        return getattr(config, self.draft_length) if self.draft_length else None
+
+
+# ------------------------------------------------------------------ builders (imports are lazy so
+# that reading the registry, as reports do, does not import torch)
+
+
+def _target(config: DecoderConfig, target: LoadedModel):
+    from draftlab.models.cached import CachedModel
+
+    return CachedModel(target, use_cache=config.use_cache)
+
+
+def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):
+    if not config.adaptive or cost is None:
+        return None
+    from draftlab.decode.sizing import RoundSizer
+
+    return RoundSizer(cost, k_max, free_drafts=free_drafts)
+
+
+def _build_ar(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers import NoProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    return SpeculativeDecoder(_target(config, target), NoProposer(), SpeculativeRule(), gamma=1)
+
+
+def _build_sps(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.models.cached import CachedModel
+    from draftlab.proposers import DraftModelProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    proposer = DraftModelProposer(
+        CachedModel(draft, use_cache=config.use_cache),
+        target.vocab_size,
+        config.draft_confidence,
+        frozenset(target.eos_token_ids),
     )
+    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
+    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), config.gamma, sizer)
+
+
+def _build_pld(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers import PromptLookupProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    sizer = _sizer(config, cost, config.pld_tokens, free_drafts=True)
+    return SpeculativeDecoder(
+        _target(config, target),
+        PromptLookupProposer(config.max_ngram),
+        SpeculativeRule(),
+        config.pld_tokens,
+        sizer,
+    )
+
+
+def _build_bild(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.models.cached import CachedModel
+    from draftlab.proposers import BildProposer
+    from draftlab.verify.rules import BildRule
+
+    proposer = BildProposer(
+        CachedModel(draft, use_cache=config.use_cache),
+        target.vocab_size,
+        config.fallback_threshold,
+        frozenset(target.eos_token_ids),
+    )
+    return SpeculativeDecoder(
+        _target(config, target), proposer, BildRule(config.rollback_threshold), gamma=config.max_small_steps
+    )
+
+
+def _build_hf_greedy(config, target, draft, cost):
+    from draftlab.decode.hf import HFGenerateDecoder
+
+    return HFGenerateDecoder(target)
+
+
+def _build_hf_assisted(config, target, draft, cost):
+    from draftlab.decode.hf import HFGenerateDecoder
+
+    return HFGenerateDecoder(target, draft, config.gamma, config.draft_confidence)
+
+
+REGISTRY: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec(
+            "ar",
+            "autoregressive baseline: one target pass per token",
+            _build_ar,
+            speculative=False,
+            seed_name="AS",
+        ),
+        MethodSpec(
+            "sps",
+            "speculative sampling with a draft model (Leviathan et al. / Chen et al. 2023)",
+            _build_sps,
+            needs_draft=True,
+            cost_aware=True,
+            params=("gamma", "draft_confidence"),
+            draft_length="gamma",
+            seed_name="SPS",
+        ),
+        MethodSpec(
+            "bild",
+            "Big Little Decoder (Kim et al. 2023): fallback and rollback thresholds",
+            _build_bild,
+            needs_draft=True,
+            params=("fallback_threshold", "rollback_threshold", "max_small_steps"),
+            draft_length="max_small_steps",
+            seed_name="BiLD",
+        ),
+        MethodSpec(
+            "pld",
+            "prompt lookup: drafts copied from earlier n-gram matches",
+            _build_pld,
+            cost_aware=True,
+            params=("max_ngram", "pld_tokens"),
+            draft_length="pld_tokens",
+            seed_name="PLD",
+        ),
+        MethodSpec(
+            "hf-greedy", "Hugging Face generate()", _build_hf_greedy, speculative=False, seed_name="HF"
+        ),
+        MethodSpec(
+            "hf-assisted",
+            "Hugging Face assisted generation with the draft",
+            _build_hf_assisted,
+            needs_draft=True,
+            params=("gamma", "draft_confidence"),
+            draft_length="gamma",
+            seed_name="HF-AG",
+        ),
+    )
+}
+METHODS = tuple(REGISTRY)
+DEFAULTS = DecoderConfig()
+
+
+def method_spec(name: str) -> MethodSpec:
+    if name not in REGISTRY:
+        raise DraftlabError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
+    return REGISTRY[name]
+
+
+def is_speculative(method: str | None) -> bool:
+    """Unknown methods (records from another version) count as speculative: they are not baselines."""
+    spec = REGISTRY.get(method or "")
+    return spec.speculative if spec else True
+
+
+def build_decoder(
+    config: DecoderConfig,
+    target: LoadedModel,
+    draft: LoadedModel | None = None,
+    cost: CostModel | None = None,
+) -> Decoder:
+    """`cost` is the machine's cost model; without one, cost-aware methods draft a fixed k."""
+    spec = config.spec
+    if spec.needs_draft and draft is None:
+        raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
+    return spec.build(config, target, draft if spec.needs_draft else None, cost)

@@ -18,7 +18,7 @@ from transformers import (
 
 from draftlab.errors import DraftlabError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 

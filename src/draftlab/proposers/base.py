@@ -17,6 +17,15 @@ class Proposal:
     probs: torch.Tensor | None = None
     # BiLD: the small model stopped because it was unsure, so the target writes the next token.
     fell_back: bool = False
+    # What sort of evidence the proposal rests on (prompt lookup: the n-gram length matched), so
+    # that acceptance can be estimated per sort; None where there is one sort only.
+    kind: str | None = None
+
+    def truncate(self, k: int) -> Proposal:
+        if k >= len(self.tokens):
+            return self
+        probs = self.probs[:k] if self.probs is not None and k else None
+        return Proposal(self.tokens[:k], probs, self.fell_back, self.kind)
 
 
 class Proposer:
@@ -32,6 +41,10 @@ class Proposer:
 
     def rollback(self, length: int) -> None:
         """The first `length` tokens of the sequence are final; forget any state past them."""
+
+    def lag(self, sequence: list[int]) -> int:
+        """Tokens of `sequence` a model-based proposer has not consumed yet (its next pass feeds them)."""
+        return 0
 
 
 class NoProposer(Proposer):

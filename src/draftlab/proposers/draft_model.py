@@ -44,6 +44,9 @@ class DraftModelProposer(Proposer):
     def rollback(self, length: int) -> None:
         self.draft.crop(length)
 
+    def lag(self, sequence: list[int]) -> int:
+        return len(sequence) - self.draft.length
+
     def _keep_going(self, probs: torch.Tensor | None, logits: torch.Tensor) -> bool:
         return True
 

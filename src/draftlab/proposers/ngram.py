@@ -41,9 +41,10 @@ class PromptLookupProposer(Proposer):
             hits = torch.nonzero((windows == tail).all(dim=1)).flatten()
             if hits.numel() == 0:
                 continue
-            length = min(k, self.weak_tokens) if n == 1 and hits.numel() >= 3 else k
+            weak = n == 1 and hits.numel() >= 3
+            length = min(k, self.weak_tokens) if weak else k
             start = int(hits[-1]) + n  # the most recent match
             continuation = context[start : start + length].tolist()
             if continuation:
-                return Proposal(continuation)
+                return Proposal(continuation, kind=f"{n}-gram" + (" weak" if weak else ""))
         return Proposal()

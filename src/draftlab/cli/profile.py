@@ -1,0 +1,145 @@
+"""`draftlab profile`: what a forward pass costs here, and the acceptance speculation needs to pay."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, load_spec
+from draftlab.decode.sizing import CostModel, break_even_alpha
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import ModelSpec
+from draftlab.models.profile import Profile, hardware, load_or_measure, pick_dtype, supported_dtypes
+
+BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure ms per forward pass here, and the acceptance at which speculation pays"
+    )
+    add_model_args(p)
+    p.add_argument("--full", action="store_true", help="N up to 128 and contexts up to the model's limit")
+    p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile fits")
+    p.add_argument("--repeats", type=int, default=3, help="passes per point (the median is kept)")
+    p.add_argument("--context", type=int, default=256, help="context length of the break-even table")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="decode length for the dtype choice")
+    p.add_argument(
+        "--out", default=None, help="folder for profile.json and the plot (default runs/profile-*)"
+    )
+    p.set_defaults(func=run)
+
+
+def _table(title: str, profile: Profile) -> Table:
+    curve = profile.curve
+    table = Table(title=title)
+    table.add_column("context")
+    for n in curve.sizes:
+        table.add_column(f"N={n}", justify="right")
+    for context, row in zip(curve.contexts, curve.ms, strict=True):
+        table.add_row(str(context), *(f"{v:.1f}" for v in row))
+    prefill = ", ".join(f"{p}: {v:.0f}" for p, v in zip(curve.prefill_lengths, curve.prefill_ms, strict=True))
+    table.caption = f"ms per forward pass of N new tokens (median of {profile.repeats}); prefill ms {prefill}"
+    return table
+
+
+def _break_even_table(context: int, target: Profile, draft: Profile | None) -> Table:
+    table = Table(
+        title=f"Break-even acceptance α at context {context}: above it, speculation beats plain decoding"
+    )
+    table.add_column("k", justify="right")
+    table.add_column("verify(k+1) / verify(1)", justify="right")
+    table.add_column("pld (free drafts)", justify="right")
+    if draft is not None:
+        table.add_column("sps (draft passes)", justify="right")
+    free = CostModel(target.curve)
+    with_draft = CostModel(target.curve, draft.curve) if draft else None
+    for k in BREAK_EVEN_KS:
+        ratio = free.verify_ms(k + 1, context) / free.verify_ms(1, context)
+        cells = [str(k), f"{ratio:.2f}", _alpha(break_even_alpha(free, k, context))]
+        if with_draft is not None:
+            cells.append(_alpha(break_even_alpha(with_draft, k, context)))
+        table.add_row(*cells)
+    table.caption = "i.i.d. acceptance per token (Leviathan et al.); '-': never pays at this k"
+    return table
+
+
+def _alpha(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise DraftlabError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.context < 1:
+        raise DraftlabError(f"--context must be >= 1, got {args.context}")
+    console = Console()
+    target_name = args.target or DEFAULT_TARGET
+    draft_name = args.draft or (DEFAULT_DRAFT if args.target is None else None)
+    device = args.target_device or args.device
+    dtypes = supported_dtypes(device) if args.dtype == "auto" else [args.dtype]
+    hw = hardware(device)
+    console.print(f"[bold]{hw['name']}[/] · " + ", ".join(f"{k}: {v}" for k, v in hw.items() if k != "name"))
+    out_dir = Path(args.out) if args.out else Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DraftlabError(f"--out '{out_dir}' is a file, not a folder")
+    results: dict = {"hardware": hw, "profiles": {}}
+    curves = {}
+    for dtype in dtypes:
+        profiles: dict[str, Profile] = {}
+        for role, name in (("target", target_name), ("draft", draft_name)):
+            if name is None:
+                continue
+            lm = load_spec(ModelSpec(name, dtype, device, args.attn_implementation))
+            with console.status(f"profiling {name} ({dtype})"):
+                profile, measured = load_or_measure(
+                    lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
+                )
+            source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
+            console.print(_table(f"{role} {name} · {dtype} · {source}", profile))
+            profiles[role] = profile
+            results["profiles"][f"{role}/{dtype}"] = json.loads(profile.to_json())
+        curves[dtype] = profiles["target"].curve
+        console.print(_break_even_table(args.context, profiles["target"], profiles.get("draft")))
+    chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
+    results["dtype_choice"] = {
+        "dtype": chosen,
+        "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
+    }
+    console.print(
+        f"--dtype auto picks [bold]{chosen}[/]: predicted plain decoding of a 256-token prompt + "
+        f"{args.max_new_tokens} tokens: " + ", ".join(f"{d} {v / 1000:.2f} s" for d, v in predicted.items())
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "profile.json").write_text(json.dumps(results, indent=1))
+    _plot(results, out_dir / "profile.png")
+    console.print(f"wrote profile.json and profile.png in {out_dir}")
+    return 0
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(results["profiles"])
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        curve = results["profiles"][key]["curve"]
+        for context, row in zip(curve["contexts"], curve["ms"], strict=True):
+            ax.plot(curve["sizes"], row, marker="o", label=f"context {context}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("new tokens per pass (N)")
+        ax.set_ylabel("ms per pass")
+        ax.set_title(key)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,241 @@
+"""Cost-aware round sizing: how many draft tokens to verify next, from what a pass costs here.
+
+Before each round the decoder picks the draft length k that maximises expected tokens per second,
+
+    E[tokens | k] / (draft cost(k) + verify cost(k + 1)),   E[tokens | k] = 1 + Σ_{i<k} Π_{j<=i} α_j,
+
+with costs from the machine's profile at the current context length and α_j the estimated
+probability that draft position j is accepted given that the positions before it were. k = 0 is a
+plain target step, so when drafting cannot pay the method decodes as plain autoregression does.
+
+Why this stays lossless: k depends only on what happened before the round (the prefix, past
+acceptances and, for prompt lookup, the proposal itself, a function of the prefix), never on the
+round's own random draws. Speculative sampling is exact for every fixed k (Leviathan et al. 2023,
+Theorem 1; Chen et al. 2023), so conditioned on the history each round emits tokens distributed as
+the target's; adaptive draft lengths rest on the same argument (SpecDec++, Huang et al. 2024).
+Greedy rounds emit the target's argmax tokens for any k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftlab.models.profile import CostCurve
+
+# How much the run's history weighs against the current example, in rounds.
+PRIOR_WEIGHT = 4.0
+# Per round, older evidence of the current example fades by this factor (acceptance drifts).
+EXAMPLE_DECAY = 0.9
+# A draft model at k = 0 probes with k = 1 after this many plain steps, doubling after each miss.
+PROBE_FIRST, PROBE_MAX = 8, 64
+
+
+@dataclass
+class CostModel:
+    """ms per pass, from the profiles of the target and (for a draft-model method) the draft."""
+
+    target: CostCurve
+    draft: CostCurve | None = None
+
+    def verify_ms(self, n: int, context: int) -> float:
+        return self.target.forward_ms(n, context)
+
+    def draft_ms(self, k: int, context: int, pending: int = 2) -> float:
+        """k draft passes: the first catches up `pending` tokens the draft has not seen yet."""
+        if k <= 0 or self.draft is None:
+            return 0.0
+        return self.draft.forward_ms(max(pending, 1), context) + (k - 1) * self.draft.forward_ms(1, context)
+
+
+class AcceptanceStats:
+    """Per draft position j: rounds that reached j (all earlier positions accepted) and accepted j."""
+
+    def __init__(self) -> None:
+        self.reached: list[float] = []
+        self.accepted: list[float] = []
+
+    def add(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+        tried = min(drafted, accepted + 1)  # positions after the first rejection were never tried
+        while len(self.reached) < tried:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(tried):
+            self.reached[j] += weight
+            self.accepted[j] += weight * (j < accepted)
+
+    def decay(self, factor: float) -> None:
+        self.reached = [x * factor for x in self.reached]
+        self.accepted = [x * factor for x in self.accepted]
+
+    def rate(self, j: int, prior: float, weight: float) -> float:
+        """Posterior mean of α_j with `prior` counted as `weight` pseudo-rounds."""
+        reached = self.reached[j] if j < len(self.reached) else 0.0
+        accepted = self.accepted[j] if j < len(self.accepted) else 0.0
+        return (accepted + weight * prior) / (reached + weight)
+
+
+@dataclass
+class Choice:
+    k: int
+    expected_tokens: float
+    cost_ms: float
+    plain_ms: float  # one plain target step at this context
+    probe: bool = False
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """1 (the target's own token) + Σ over draft positions of P(accepted up to there)."""
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= alphas[j]
+        total += survive
+    return total
+
+
+def choose_k(verify_ms, draft_ms, alphas: list[float], k_max: int, context: int) -> tuple[int, float, float]:
+    """The k in 0..k_max maximising expected tokens per ms; returns (k, E[tokens], cost ms).
+
+    `verify_ms(n, context)` and `draft_ms(k, context)` give costs; `alphas` has k_max entries.
+    Ties go to the smaller k: speculation must earn its place.
+    """
+    best = (0, 1.0, verify_ms(1, context))
+    best_rate = best[1] / best[2]
+    for k in range(1, k_max + 1):
+        tokens = expected_tokens(alphas, k)
+        cost = draft_ms(k, context) + verify_ms(k + 1, context)
+        if tokens / cost > best_rate * (1 + 1e-9):
+            best, best_rate = (k, tokens, cost), tokens / cost
+    return best
+
+
+@dataclass
+class _KindState:
+    run: AcceptanceStats = field(default_factory=AcceptanceStats)
+    example: AcceptanceStats = field(default_factory=AcceptanceStats)
+
+
+class RoundSizer:
+    """Chooses each round's k for one decoder; keeps a prior across the run's generations.
+
+    `free_drafts` is True for proposers whose drafts cost nothing to make (prompt lookup): they
+    propose first and the sizer trims, and at k = 0 the loop compares the unused proposal with
+    the tokens the target then writes, so acceptance keeps being learned for free. A draft model
+    instead probes with k = 1 now and then, at a bounded cost, so that one bad stretch does not
+    switch speculation off for good.
+    """
+
+    def __init__(self, cost: CostModel, k_max: int, free_drafts: bool, prior: float = 0.5) -> None:
+        self.cost = cost
+        self.k_max = k_max
+        self.free_drafts = free_drafts
+        self.initial_prior = prior
+        self.kinds: dict[str | None, _KindState] = {}
+        self.propose_ms = 0.0  # running mean of a free proposer's own time per round
+        self._since_probe = 0
+        self._probe_every = PROBE_FIRST
+
+    def start(self) -> None:
+        """A new generation: the example's own evidence starts empty, the run's prior stays."""
+        for state in self.kinds.values():
+            state.example = AcceptanceStats()
+        self._since_probe = 0
+        self._probe_every = PROBE_FIRST
+
+    def _state(self, kind: str | None) -> _KindState:
+        return self.kinds.setdefault(kind, _KindState())
+
+    def alphas(self, kind: str | None, n: int) -> list[float]:
+        state = self._state(kind)
+        out: list[float] = []
+        prior = self.initial_prior
+        for j in range(n):
+            # Where the run has no evidence at depth j, carry the estimate of depth j - 1.
+            run_prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            rate = state.example.rate(j, run_prior, PRIOR_WEIGHT)
+            out.append(rate)
+            prior = rate
+        return out
+
+    def choose(self, context: int, limit: int, kind: str | None = None, pending: int = 2) -> Choice:
+        limit = min(limit, self.k_max)
+        plain = self.cost.verify_ms(1, context)
+        alphas = self.alphas(kind, limit)
+
+        def draft_ms(k: int, ctx: int) -> float:
+            return self.propose_ms if self.free_drafts else self.cost.draft_ms(k, ctx, pending)
+
+        k, tokens, cost = choose_k(self.cost.verify_ms, draft_ms, alphas, limit, context)
+        if k == 0 and not self.free_drafts and limit > 0:
+            self._since_probe += 1
+            if self._since_probe >= self._probe_every:
+                self._since_probe = 0
+                tokens = expected_tokens(alphas, 1)
+                return Choice(1, tokens, draft_ms(1, context) + self.cost.verify_ms(2, context), plain, True)
+        return Choice(k, tokens, cost, plain)
+
+    def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
+        if drafted <= 0:
+            return
+        state = self._state(kind)
+        state.example.decay(EXAMPLE_DECAY)
+        state.example.add(drafted, accepted)
+        state.run.add(drafted, accepted)
+        if probe:
+            self._probe_every = PROBE_FIRST if accepted else min(self._probe_every * 2, PROBE_MAX)
+
+    def observe_propose_time(self, ms: float) -> None:
+        self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms
+
+
+class Shadow:
+    """At k = 0, a free proposal is checked against the tokens the target writes instead."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.kind: str | None = None
+        self.matched = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tokens)
+
+    def begin(self, tokens: list[int], kind: str | None) -> None:
+        self.tokens, self.kind, self.matched = list(tokens), kind, 0
+
+    def advance(self, written: list[int]) -> tuple[int, int, str | None] | None:
+        """Feed the target's new tokens; returns (tried, accepted, kind) once the shadow ends."""
+        for token in written:
+            if self.tokens[self.matched] != token:
+                return self.end(miss=True)
+            self.matched += 1
+            if self.matched == len(self.tokens):
+                return self.end(miss=False)
+        return None
+
+    def end(self, miss: bool = False) -> tuple[int, int, str | None] | None:
+        if not self.tokens:
+            return None
+        out = (self.matched + int(miss), self.matched, self.kind)
+        self.tokens, self.matched = [], 0
+        return out if out[0] > 0 else None
+
+
+def break_even_alpha(cost: CostModel, k: int, context: int) -> float | None:
+    """The i.i.d. acceptance α above which drafting k tokens a round beats plain decoding (None: never).
+
+    Solves (1 − α^(k+1)) / (1 − α) = (draft cost(k) + verify cost(k + 1)) / verify cost(1) by
+    bisection; the left side grows with α, from 1 at α = 0 to k + 1 at α = 1.
+    """
+    need = (cost.draft_ms(k, context) + cost.verify_ms(k + 1, context)) / cost.verify_ms(1, context)
+    if need <= 1.0:
+        return 0.0
+    if need >= k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if expected_tokens([mid] * k, k) < need:
+            low = mid
+        else:
+            high = mid
+    return high

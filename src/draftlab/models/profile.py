@@ -1,0 +1,289 @@
+"""What a forward pass costs on the machine at hand: ms per pass of N new tokens at a context length.
+
+Whether speculation pays depends on how the cost of one pass grows with the number of tokens it
+scores. With native bfloat16 (AMX, or any GPU) scoring 8 tokens costs about as much as scoring 1;
+with emulated bfloat16 on an AVX2-only CPU it costs about 8 times as much. So the cost is
+measured, once per machine, model, dtype and software version, and cached under the draftlab home.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftlab.models.cached import CachedModel
+from draftlab.models.loading import LoadedModel
+
+PROFILE_SCHEMA = 1
+# The ISA features that decide how a CPU multiplies bfloat16 / float16 matrices.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+# Environment variables that change which kernels torch picks (and so what a pass costs).
+KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+QUICK_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _cpu_model_and_flags() -> tuple[str, list[str]]:
+    name, flags = platform.processor() or platform.machine(), []
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+            name = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            present = set(value.split())
+            flags = [f for f in ISA_FLAGS if f in present]
+    return name, flags
+
+
+def hardware(device: torch.device | str) -> dict:
+    """The processor a model runs on, with what decides its speed."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "kind": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "bf16": bool(torch.cuda.is_bf16_supported()),
+        }
+    name, flags = _cpu_model_and_flags()
+    return {"kind": "cpu", "name": name, "isa_flags": flags, "cores": os.cpu_count()}
+
+
+def supported_dtypes(device: torch.device | str) -> list[str]:
+    """The dtypes worth trying on a device: float16 on a CPU only where it has native fp16 units."""
+    hw = hardware(device)
+    if hw["kind"] == "cuda":
+        return ["float16", "bfloat16", "float32"] if hw["bf16"] else ["float16", "float32"]
+    dtypes = ["float32", "bfloat16"]
+    if {"avx512_fp16", "amx_fp16"} & set(hw["isa_flags"]):
+        dtypes.append("float16")
+    return dtypes
+
+
+def fingerprint(lm: LoadedModel) -> dict:
+    """Everything a cost curve depends on: a profile with another fingerprint is re-measured."""
+    import transformers
+
+    return {
+        "model": lm.spec.name,
+        "path": lm.path,
+        "parameters": lm.num_parameters,
+        "dtype": lm.spec.dtype,
+        "attn_implementation": lm.model.config._attn_implementation,
+        "hardware": hardware(lm.device),
+        "threads": torch.get_num_threads(),
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "schema": PROFILE_SCHEMA,
+    }
+
+
+def fingerprint_key(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear through the points, extended linearly past both ends (never below 0)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    if x < x0 and i == 1:
+        # Below the first point: hold the value rather than extrapolate a pass to zero cost.
+        return y0
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+@dataclass
+class CostCurve:
+    """ms per forward pass of `sizes[j]` new tokens on a cache of `contexts[i]` tokens, plus prefill."""
+
+    sizes: list[int]
+    contexts: list[int]
+    ms: list[list[float]]  # [context][size], medians
+    prefill_lengths: list[int] = field(default_factory=list)
+    prefill_ms: list[float] = field(default_factory=list)
+
+    def forward_ms(self, n: int, context: int) -> float:
+        """One pass scoring `n` new tokens after `context` cached ones, interpolated."""
+        per_context = [_interp(self.sizes, row, n) for row in self.ms]
+        return _interp(self.contexts, per_context, context)
+
+    def prefill(self, length: int) -> float:
+        if not self.prefill_lengths:
+            return self.forward_ms(length, 0)
+        return _interp(self.prefill_lengths, self.prefill_ms, length)
+
+    def plain_decoding_ms(self, prompt: int, new_tokens: int) -> float:
+        """Predicted time of plain decoding: the prefill, then one pass per token."""
+        middle = prompt + new_tokens // 2
+        return self.prefill(prompt) + (new_tokens - 1) * self.forward_ms(1, middle)
+
+
+@dataclass
+class Profile:
+    fingerprint: dict
+    curve: CostCurve
+    repeats: int
+    seconds: float  # how long measuring took
+    measured_at: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Profile:
+        return cls(**{**data, "curve": CostCurve(**data["curve"])})
+
+
+def pick_dtype(curves: dict[str, CostCurve], prompt_tokens: int, new_tokens: int) -> tuple[str, dict]:
+    """The dtype with the fastest predicted plain decoding, and every candidate's prediction in ms."""
+    predicted = {dtype: curve.plain_decoding_ms(prompt_tokens, new_tokens) for dtype, curve in curves.items()}
+    return min(predicted, key=predicted.__getitem__), predicted
+
+
+def default_contexts(limit: int | None, quick: bool) -> list[int]:
+    top = min(limit or 2048, 2048 if quick else 1 << 30)
+    points = [64, 256, 1024, 2048] if quick else [64, 256, 1024, 2048, 4096, 8192, 16384, 32768]
+    out = [c for c in points if c + 128 <= top]
+    return out or [max(min(top - 130, 64), 1)]
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1000
+
+
+def measure(
+    lm: LoadedModel,
+    sizes: Sequence[int] = QUICK_SIZES,
+    contexts: Sequence[int] | None = None,
+    prefill_lengths: Sequence[int] | None = None,
+    repeats: int = 3,
+    on_step: Callable[[str], None] | None = None,
+) -> CostCurve:
+    """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly."""
+    runner = CachedModel(lm)
+    limit = lm.context_length
+    contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
+    if limit is not None:
+        contexts = [c for c in contexts if c + max(sizes) <= limit] or [max(limit - max(sizes) - 1, 1)]
+    prefill_lengths = list(prefill_lengths) if prefill_lengths is not None else [16, 64, 256, 1024]
+    if limit is not None:
+        prefill_lengths = [p for p in prefill_lengths if p <= limit] or [min(16, limit)]
+    generator = torch.Generator().manual_seed(0)
+    vocab = min(lm.vocab_size, len(lm.tokenizer))
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+    start_ids = runner.start([0])
+    ms: list[list[float]] = []
+    for context in contexts:
+        if on_step:
+            on_step(f"context {context}")
+        runner.start([0])
+        runner.forward((start_ids + ids(context))[:context], keep=1)
+        _timed(lambda: runner.forward(ids(max(sizes)), keep=max(sizes)), lm.device)  # warm-up
+        runner.crop(context)
+        samples: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                feed = ids(n)
+                samples[n].append(_timed(lambda feed=feed, n=n: runner.forward(feed, keep=n), lm.device))
+                runner.crop(context)
+        ms.append([statistics.median(samples[n]) for n in sizes])
+    prefill: list[float] = []
+    for length in prefill_lengths:
+        if on_step:
+            on_step(f"prefill {length}")
+        times = []
+        for _ in range(repeats):
+            runner.start([0])
+            feed = ids(length)
+            times.append(_timed(lambda feed=feed: runner.forward(feed, keep=1), lm.device))
+        prefill.append(statistics.median(times))
+    return CostCurve(list(sizes), list(contexts), ms, list(prefill_lengths), prefill)
+
+
+def profile_dir() -> Path:
+    """$DRAFTLAB_PROFILE_DIR, else profiles/ under the draftlab home."""
+    from draftlab.models.registry import home
+
+    env = os.environ.get("DRAFTLAB_PROFILE_DIR")
+    return Path(env).expanduser() if env else home() / "profiles"
+
+
+def profile_path(lm: LoadedModel) -> Path:
+    fp = fingerprint(lm)
+    slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
+    return profile_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}.json"
+
+
+def load_cached(lm: LoadedModel) -> Profile | None:
+    """The cached profile for this model on this machine, or None if absent, stale or foreign."""
+    path = profile_path(lm)
+    try:
+        profile = Profile.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return profile if profile.fingerprint == fingerprint(lm) else None
+
+
+def save(lm: LoadedModel, profile: Profile) -> Path:
+    path = profile_path(lm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(profile.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def load_or_measure(
+    lm: LoadedModel,
+    *,
+    quick: bool = True,
+    refresh: bool = False,
+    repeats: int = 3,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[Profile, bool]:
+    """The model's profile on this machine, and whether it was measured now (False: from the cache)."""
+    if not refresh:
+        cached = load_cached(lm)
+        if cached is not None and (quick or max(cached.curve.sizes) >= max(FULL_SIZES)):
+            return cached, False
+    t0 = time.perf_counter()
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    contexts = default_contexts(lm.context_length, quick)
+    lengths = [16, 64, 256, 512] if quick else [16, 64, 256, 1024, 2048, 4096]
+    curve = measure(lm, sizes, contexts, lengths, repeats=repeats, on_step=on_step)
+    profile = Profile(
+        fingerprint(lm), curve, repeats, time.perf_counter() - t0, time.strftime("%Y-%m-%dT%H:%M:%S")
+    )
+    save(lm, profile)
+    return profile, True

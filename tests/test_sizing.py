@@ -1,0 +1,168 @@
+"""Cost-aware round sizing: the cost model's choices, the profile cache, and losslessness with it on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import FAMILIES
+
+from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.sizing import CostModel, RoundSizer, Shadow, break_even_alpha, choose_k, expected_tokens
+from draftlab.models import ModelSpec, load_model
+from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
+from draftlab.models.prompting import encode_prompt
+from draftlab.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def curve(ms_by_n: dict[int, float], contexts=(64, 1024)) -> CostCurve:
+    sizes = sorted(ms_by_n)
+    return CostCurve(sizes, list(contexts), [[ms_by_n[n] for n in sizes] for _ in contexts])
+
+
+# The shapes measured on real CPUs (issue 10): emulated bf16 costs k passes for k tokens; native
+# bf16 / float32 with AMX or AVX-512 is nearly flat.
+STEEP = curve({1: 47.0, 2: 94.0, 4: 188.0, 8: 376.0, 16: 752.0})
+FLAT = curve({1: 40.0, 2: 41.0, 4: 42.0, 8: 44.0, 16: 50.0})
+MODERATE = curve({1: 33.0, 2: 35.0, 4: 50.0, 8: 60.0, 16: 69.0})
+
+
+def best_k(cost: CostModel, alpha: float, k_max: int = 10, context: int = 256) -> int:
+    return choose_k(cost.verify_ms, cost.draft_ms, [alpha] * k_max, k_max, context)[0]
+
+
+def test_no_acceptance_means_plain_steps():
+    for shape in (STEEP, FLAT, MODERATE):
+        assert best_k(CostModel(shape), 0.0) == 0
+        assert best_k(CostModel(shape, curve({1: 3.0, 2: 3.2, 16: 5.0})), 0.0) == 0
+
+
+def test_k_grows_with_acceptance():
+    cost = CostModel(MODERATE)
+    ks = [best_k(cost, a) for a in (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)]
+    assert ks == sorted(ks), ks
+    assert ks[0] == 0 and ks[-1] >= 8
+
+
+def test_a_steep_curve_never_pays_and_a_flat_one_pays_early():
+    assert best_k(CostModel(STEEP), 0.9) == 0
+    assert break_even_alpha(CostModel(STEEP), 4, 256) is None
+    assert best_k(CostModel(FLAT), 0.3) > 0
+    alpha = break_even_alpha(CostModel(MODERATE), 4, 256)
+    assert alpha is not None and 0 < alpha < 1
+    # At the break-even α, drafting 4 tokens and a plain step produce tokens equally fast.
+    rate = expected_tokens([alpha] * 4, 4) / MODERATE.forward_ms(5, 256)
+    assert rate == pytest.approx(1 / MODERATE.forward_ms(1, 256), rel=1e-6)
+
+
+def test_draft_cost_counts_against_drafting():
+    cheap = CostModel(FLAT, curve({1: 1.0, 2: 1.1, 16: 2.0}))
+    dear = CostModel(FLAT, curve({1: 30.0, 2: 31.0, 16: 40.0}))
+    assert best_k(cheap, 0.5) > best_k(dear, 0.5)
+
+
+def test_the_sizer_learns_and_a_draft_model_keeps_probing():
+    sizer = RoundSizer(CostModel(MODERATE, curve({1: 2.0, 2: 2.2, 16: 4.0})), k_max=6, free_drafts=False)
+    sizer.start()
+    for _ in range(30):
+        choice = sizer.choose(256, 6)
+        sizer.observe(choice.k, 0, probe=choice.probe)
+    choices = [sizer.choose(256, 6) for _ in range(200)]
+    assert sum(c.k == 0 for c in choices) > 150, "nothing is ever accepted: mostly plain steps"
+    probes = [c for c in choices if c.probe]
+    assert probes and all(c.k == 1 for c in probes), "but it keeps probing"
+    for _ in range(30):
+        choice = sizer.choose(256, 6)
+        sizer.observe(max(choice.k, 1), max(choice.k, 1))
+    assert sizer.choose(256, 6).k == 6, "everything accepted: the longest draft"
+
+
+def test_the_shadow_scores_a_proposal_against_what_the_target_wrote():
+    shadow = Shadow()
+    shadow.begin([5, 6, 7], "3-gram")
+    assert shadow.advance([5]) is None
+    assert shadow.advance([6]) is None
+    assert shadow.advance([9]) == (3, 2, "3-gram")  # tried 3 positions, the first 2 accepted
+    assert not shadow.active
+    shadow.begin([1, 2], None)
+    assert shadow.advance([1, 2]) == (2, 2, None)
+
+
+def test_profile_is_cached_and_a_foreign_one_is_remeasured(tiny_pair, monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path))
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    first, measured = load_or_measure(lm, repeats=1)
+    assert measured and first.curve.forward_ms(4, 100) > 0
+    assert load_or_measure(lm, repeats=1)[1] is False
+    # Another machine's (or thread count's) profile in the same file is not used.
+    path = profile_path(lm)
+    data = json.loads(path.read_text())
+    data["fingerprint"]["hardware"]["name"] = "some other CPU"
+    path.write_text(json.dumps(data))
+    assert load_cached(lm) is None
+    assert load_or_measure(lm, repeats=1)[1] is True
+    # A kernel-selecting environment variable changes the key: the old profile does not apply.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert load_cached(lm) is None
+
+
+def test_measure_reports_every_point(tiny_pair):
+    lm = load_model(ModelSpec(str(tiny_pair["gpt2"][0]), dtype="float32"))
+    c = measure(lm, sizes=(1, 2, 4), contexts=[8, 16], prefill_lengths=[4, 8], repeats=1)
+    assert len(c.ms) == 2 and all(len(row) == 3 and min(row) > 0 for row in c.ms)
+    assert len(c.prefill_ms) == 2
+
+
+def _sized(method, target, draft, shape, draft_shape=None, gamma=4):
+    config = DecoderConfig(method=method, gamma=gamma, draft_confidence=0.0)
+    cost = CostModel(shape, draft_shape if method == "sps" else None)
+    return build_decoder(config, target, draft, cost)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cost_aware_sps_and_pld_match_ar(family, tiny_pair):
+    target_dir, draft_dir = tiny_pair[family]
+    target = load_model(ModelSpec(str(target_dir), dtype="float32"))
+    draft = load_model(ModelSpec(str(draft_dir), dtype="float32"))
+    prompt = "the cat sat on the mat and then the dog ran on the mat and then the cat"
+    ids = encode_prompt(target, prompt, chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 60, GREEDY)
+    draft_cost = curve({1: 1.0, 2: 1.1, 16: 2.0})
+    for shape in (FLAT, MODERATE, STEEP):
+        for method in ("sps", "pld"):
+            out = _sized(method, target, draft, shape, draft_cost).generate(ids, 60, GREEDY)
+            assert out.tokens == ar.tokens, f"{family} {method} differs from ar"
+            assert sum(out.stats.k_counts) == out.stats.rounds
+
+
+def test_cost_aware_decoding_matches_ar_over_1000_tokens_with_stories(stories, tmp_path):
+    # stories260K was trained on 512 positions; RoPE runs past them, and equality must hold anyway.
+    model = load_model(ModelSpec(str(stories), dtype="float32"))
+    model.model.config.max_position_embeddings = 1200
+    model.eos_token_ids = set()  # no early stop: 1,000 tokens each
+    ids = encode_prompt(model, "Once upon a time, there was a little dog named Max.", chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), model).generate(ids, 1000, GREEDY)
+    assert len(ar.tokens) == 1000
+    draft_cost = curve({1: 4.0, 2: 4.2, 16: 6.0})
+    for shape in (FLAT, MODERATE):
+        sps = _sized("sps", model, model, shape, draft_cost).generate(ids, 1000, GREEDY)
+        pld = _sized("pld", model, None, shape).generate(ids, 1000, GREEDY)
+        assert sps.tokens == ar.tokens
+        assert pld.tokens == ar.tokens
+        assert sps.stats.accepted > 500, "a draft equal to the target is accepted: long rounds"
+        assert len(sps.stats.k_counts) > 2
+
+
+def test_cost_aware_decoding_matches_ar_over_1000_tokens_random_init(tiny_pair):
+    target_dir, draft_dir = tiny_pair["llama"]
+    target = load_model(ModelSpec(str(target_dir), dtype="float32"))
+    draft = load_model(ModelSpec(str(draft_dir), dtype="float32"))
+    target.eos_token_ids = set()
+    target.model.config.max_position_embeddings = 1200
+    ids = encode_prompt(target, "the cat sat on the mat and then the dog ran", chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 1000, GREEDY)
+    for method in ("sps", "pld"):
+        out = _sized(method, target, draft, FLAT, curve({1: 1.0, 2: 1.1, 16: 2.0})).generate(ids, 1000, GREEDY)
+        assert out.tokens == ar.tokens, method
