@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tiny models gain nothing from threads, and on a busy 2-core machine threads cost a lot.
 torch.set_num_threads(1)
 
+
 @pytest.fixture(scope="session", autouse=True)
 def _profiles_in_tmp(tmp_path_factory):
     """Cost profiles measured by tests stay out of the user's draftlab home."""

@@ -164,5 +164,7 @@ def test_cost_aware_decoding_matches_ar_over_1000_tokens_random_init(tiny_pair):
     ids = encode_prompt(target, "the cat sat on the mat and then the dog ran", chat=False)
     ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 1000, GREEDY)
     for method in ("sps", "pld"):
-        out = _sized(method, target, draft, FLAT, curve({1: 1.0, 2: 1.1, 16: 2.0})).generate(ids, 1000, GREEDY)
+        out = _sized(method, target, draft, FLAT, curve({1: 1.0, 2: 1.1, 16: 2.0})).generate(
+            ids, 1000, GREEDY
+        )
         assert out.tokens == ar.tokens, method

@@ -122,11 +122,19 @@ def plain_variants_in_other_dtypes(args: argparse.Namespace, target: LoadedModel
         else parse_list(args.ar_dtypes, str, "dtype")
     )
     out = []
+    predicted = (getattr(args, "dtype_choices", {}).get(target.spec.name) or {}).get("predicted_s", {})
     for dtype in dtypes:
         if dtype == target.spec.dtype:
             continue
         if dtype not in DTYPES:
             raise DraftlabError(f"unknown dtype '{dtype}' in --ar-dtypes (choose from {', '.join(DTYPES)})")
+        if args.ar_dtypes == "supported" and predicted and predicted[dtype] > 1.25 * min(predicted.values()):
+            # Its profile says it cannot be the fastest plain decoding here: measuring it costs time only.
+            Console(stderr=True).print(
+                f"[dim]ar in {dtype} skipped: predicted {predicted[dtype]:.2f} s per generation, "
+                f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s[/]"
+            )
+            continue
         other = load_spec(dataclasses.replace(target.spec, dtype=dtype))
         params = variant_params(args, config, dtype=dtype)
         out.append(Variant(f"ar {dtype}", config, other, None, sampling, params))

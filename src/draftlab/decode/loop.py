@@ -220,6 +220,9 @@ class SpeculativeDecoder:
             # Invariant: both caches hold the sequence minus its last token.
             target.crop(len(sequence) - 1)
             proposer.rollback(len(sequence) - 1)
+            if sizer is not None and choice is not None and t_first is not None:
+                # Round 1 is the prefill, whose cost the decode curve does not predict.
+                sizer.observe_time(choice, (time.perf_counter() - t_propose) * 1000)
             if t_first is None:
                 t_first = synchronized_clock(devices)
                 stats.prefill_s = t_first - t0

@@ -143,13 +143,14 @@ def _build_sps(config, target, draft, cost):
     from draftlab.proposers import DraftModelProposer
     from draftlab.verify.rules import SpeculativeRule
 
+    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
     proposer = DraftModelProposer(
         CachedModel(draft, use_cache=config.use_cache),
         target.vocab_size,
         config.draft_confidence,
         frozenset(target.eos_token_ids),
+        lazy_prefill=sizer is not None,
     )
-    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
     return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), config.gamma, sizer)
 
 

@@ -18,6 +18,7 @@ Greedy rounds emit the target's argmax tokens for any k.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from draftlab.models.profile import CostCurve
@@ -26,8 +27,12 @@ from draftlab.models.profile import CostCurve
 PRIOR_WEIGHT = 4.0
 # Per round, older evidence of the current example fades by this factor (acceptance drifts).
 EXAMPLE_DECAY = 0.9
-# A draft model at k = 0 probes with k = 1 after this many plain steps, doubling after each miss.
-PROBE_FIRST, PROBE_MAX = 8, 64
+# A draft model at k = 0 probes with k = 1 now and then: at most this share of the time goes to
+# probing, the gap between probes doubles after each rejected probe, up to 8 times the first gap.
+PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF = 0.02, 8, 8
+# Measured round time / predicted round time is tracked (separately for plain and speculative
+# rounds) with this smoothing, so a profile that is off on this run is corrected as it goes.
+CALIBRATION_SMOOTHING = 0.1
 
 
 @dataclass
@@ -44,7 +49,13 @@ class CostModel:
         """k draft passes: the first catches up `pending` tokens the draft has not seen yet."""
         if k <= 0 or self.draft is None:
             return 0.0
-        return self.draft.forward_ms(max(pending, 1), context) + (k - 1) * self.draft.forward_ms(1, context)
+        # A long lag (the prompt, with a lazy prefill) costs what a prefill of that length costs.
+        first = (
+            self.draft.prefill(pending)
+            if pending > max(self.draft.sizes)
+            else self.draft.forward_ms(max(pending, 1), context)
+        )
+        return first + (k - 1) * self.draft.forward_ms(1, context)
 
 
 class AcceptanceStats:
@@ -132,14 +143,20 @@ class RoundSizer:
         self.kinds: dict[str | None, _KindState] = {}
         self.propose_ms = 0.0  # running mean of a free proposer's own time per round
         self._since_probe = 0
-        self._probe_every = PROBE_FIRST
+        self._misses = 0  # rejected probes in a row
+        # measured / predicted round time, for plain (k = 0) and speculative rounds
+        self.calibration = {False: 1.0, True: 1.0}
 
     def start(self) -> None:
         """A new generation: the example's own evidence starts empty, the run's prior stays."""
         for state in self.kinds.values():
             state.example = AcceptanceStats()
-        self._since_probe = 0
-        self._probe_every = PROBE_FIRST
+
+    def _probe_gap(self, context: int, plain: float) -> int:
+        """Plain steps between probes, so that probing costs at most PROBE_BUDGET of the time."""
+        extra = self.cost.draft_ms(1, context) + self.cost.verify_ms(2, context) - plain
+        gap = max(PROBE_MIN_GAP, math.ceil(extra / (PROBE_BUDGET * plain)))
+        return gap * min(2**self._misses, PROBE_BACKOFF)
 
     def _state(self, kind: str | None) -> _KindState:
         return self.kinds.setdefault(kind, _KindState())
@@ -161,17 +178,36 @@ class RoundSizer:
         plain = self.cost.verify_ms(1, context)
         alphas = self.alphas(kind, limit)
 
+        calibrated = self.calibration
+
         def draft_ms(k: int, ctx: int) -> float:
             return self.propose_ms if self.free_drafts else self.cost.draft_ms(k, ctx, pending)
 
-        k, tokens, cost = choose_k(self.cost.verify_ms, draft_ms, alphas, limit, context)
+        def verify_ms(n: int, ctx: int) -> float:
+            # A round's measured cost includes the drafts; the factor applies to the round as a
+            # whole, so it is folded into the verify term relative to the draft term.
+            return self.cost.verify_ms(n, ctx) * calibrated[n > 1] + (
+                (calibrated[True] - 1) * draft_ms(n - 1, ctx) if n > 1 else 0.0
+            )
+
+        k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context)
         if k == 0 and not self.free_drafts and limit > 0:
             self._since_probe += 1
-            if self._since_probe >= self._probe_every:
+            if self._since_probe >= self._probe_gap(context, plain):
                 self._since_probe = 0
                 tokens = expected_tokens(alphas, 1)
-                return Choice(1, tokens, draft_ms(1, context) + self.cost.verify_ms(2, context), plain, True)
+                return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
         return Choice(k, tokens, cost, plain)
+
+    def observe_time(self, choice: Choice, measured_ms: float) -> None:
+        """Correct the profile by what rounds of this kind really took in this run."""
+        if choice.cost_ms <= 0:
+            return
+        speculative = choice.k > 0
+        ratio = measured_ms / (choice.cost_ms / self.calibration[speculative])
+        ratio = min(max(ratio, 0.25), 4.0)  # one stalled round (a page fault, a GC pause) must not steer
+        old = self.calibration[speculative]
+        self.calibration[speculative] = old + CALIBRATION_SMOOTHING * (ratio - old)
 
     def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
         if drafted <= 0:
@@ -181,7 +217,7 @@ class RoundSizer:
         state.example.add(drafted, accepted)
         state.run.add(drafted, accepted)
         if probe:
-            self._probe_every = PROBE_FIRST if accepted else min(self._probe_every * 2, PROBE_MAX)
+            self._misses = 0 if accepted else self._misses + 1
 
     def observe_propose_time(self, ms: float) -> None:
         self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms

@@ -65,7 +65,22 @@ def hardware(device: torch.device | str) -> dict:
             "bf16": bool(torch.cuda.is_bf16_supported()),
         }
     name, flags = _cpu_model_and_flags()
-    return {"kind": "cpu", "name": name, "isa_flags": flags, "cores": os.cpu_count()}
+    return {
+        "kind": "cpu",
+        "name": name,
+        "isa_flags": effective_isa(flags),
+        "cpu_flags": flags,
+        "cores": os.cpu_count(),
+    }
+
+
+def effective_isa(flags: list[str]) -> list[str]:
+    """The ISA flags torch may use: ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY can hide the newer ones."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if onednn.startswith("AVX2") or aten in ("avx2", "default"):
+        return [f for f in flags if f == "avx2"]
+    return flags
 
 
 def supported_dtypes(device: torch.device | str) -> list[str]:

@@ -24,8 +24,12 @@ class DraftModelProposer(Proposer):
         target_vocab_size: int,
         confidence: float = 0.0,
         stop_tokens: frozenset[int] = frozenset(),
+        lazy_prefill: bool = False,
     ) -> None:
         self.draft = draft
+        # With cost-aware sizing a round may never draft; the prompt then goes through the draft
+        # only when it first drafts, as part of that round's (costed) catch-up pass.
+        self.lazy_prefill = lazy_prefill
         self.target_vocab_size = target_vocab_size
         self.confidence = confidence
         # Drafting past an end-of-sequence token is wasted: nothing after it can be kept.
@@ -38,7 +42,7 @@ class DraftModelProposer(Proposer):
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
         own_prefix = self.draft.start(prompt_ids)
         # Prefill everything but the last prefix token; `propose` feeds the rest.
-        if len(own_prefix) > 1:
+        if len(own_prefix) > 1 and not self.lazy_prefill:
             self.draft.forward(own_prefix[:-1], keep=1)
 
     def rollback(self, length: int) -> None:
