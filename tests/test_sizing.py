@@ -168,3 +168,34 @@ def test_cost_aware_decoding_matches_ar_over_1000_tokens_random_init(tiny_pair):
             ids, 1000, GREEDY
         )
         assert out.tokens == ar.tokens, method
+
+
+def test_the_router_runs_each_generation_in_the_dtype_predicted_fastest(tiny_pair):
+    from draftlab.decode.router import DtypeRouter
+
+    target_dir, draft_dir = tiny_pair["llama"]
+    fp32 = load_model(ModelSpec(str(target_dir), dtype="float32"))
+    bf16 = load_model(ModelSpec(str(target_dir), dtype="bfloat16"))
+    ids = encode_prompt(fp32, "the cat sat on the mat and then the dog ran on the mat", chat=False)
+    ar32 = build_decoder(DecoderConfig(method="ar"), fp32).generate(ids, 30, GREEDY)
+    ar16 = build_decoder(DecoderConfig(method="ar"), bf16).generate(ids, 30, GREEDY)
+    slow = curve({1: 400.0, 2: 410.0, 16: 500.0})
+    for fast_dtype, costs in (("float32", (FLAT, slow)), ("bfloat16", (slow, FLAT))):
+        router = build_decoder(
+            DecoderConfig(method="pld"), fp32, None, CostModel(costs[0]), [(bf16, CostModel(costs[1]))]
+        )
+        assert isinstance(router, DtypeRouter)
+        out = router.generate(ids, 30, GREEDY)
+        assert out.stats.dtype == fast_dtype
+        assert out.tokens == (ar32 if fast_dtype == "float32" else ar16).tokens
+    # The copies learn acceptance together: what one saw, the other's sizer knows.
+    sizers = [d.sizer for d in router.decoders.values()]
+    assert sizers[0].evidence is sizers[1].evidence and sizers[0].evidence.rounds > 0
+    # A long prompt favours the dtype with the cheaper prefill, a short one the cheaper step.
+    long_prefill = CostCurve([1, 2, 16], [64, 1024], [[30.0, 31.0, 40.0]] * 2, [16, 1024], [40.0, 1200.0])
+    cheap_prefill = CostCurve([1, 2, 16], [64, 1024], [[36.0, 37.0, 40.0]] * 2, [16, 1024], [40.0, 300.0])
+    router = build_decoder(
+        DecoderConfig(method="pld"), fp32, None, CostModel(long_prefill), [(bf16, CostModel(cheap_prefill))]
+    )
+    assert router.choose(900, 64) == "bfloat16"
+    assert router.choose(20, 64) == "float32"

@@ -211,7 +211,12 @@ def sizing(records: Sequence[Record]) -> dict:
     counts = _elementwise_sum(r.k_counts for r in records)
     rounds = sum(counts)
     predicted_ms = sum(r.predicted_ms for r in records)
+    dtypes: dict[str, int] = {}
+    for r in records:
+        if r.dtype:
+            dtypes[r.dtype] = dtypes.get(r.dtype, 0) + 1
     return {
+        "dtypes": dtypes,  # generations per target dtype (a routed method may use several)
         "k_counts": counts,
         "k0_share": ratio(counts[0], rounds) if counts else None,
         "mean_k": ratio(sum(k * n for k, n in enumerate(counts)), rounds) if counts else None,

@@ -53,6 +53,7 @@ class Record:
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)
     # Cost-aware sizing: rounds per draft length k, probes at k = 0, and the cost curve's prediction
     # (Σ expected tokens, Σ predicted ms, Σ ms plain decoding would spend on those tokens).
+    dtype: str | None = None  # the target's dtype for this generation (a routed method may vary it)
     k_counts: list[int] = field(default_factory=list)
     probes: int = 0
     predicted_tokens: float = 0.0

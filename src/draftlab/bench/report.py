@@ -283,12 +283,13 @@ def sizing_table(summary: dict) -> TableData | None:
                 fmt(m["cost_predicted_speedup"]) + ("×" if m["cost_predicted_speedup"] is not None else ""),
                 fmt_speedup(m, "decode_", ci=False),
                 fmt_vs_best(m),
+                " ".join(f"{d}:{n}" for d, n in (m.get("dtypes") or {}).items()),
             ]
         )
     if not rows:
         return None
     headers = ["label", "rounds", "k = 0", "mean k", "share of rounds by k", "probes"]
-    headers += ["predicted (cost curve)", "decode speed-up", "vs best ar"]
+    headers += ["predicted (cost curve)", "decode speed-up", "vs best ar", "generations by dtype"]
     note = "k = 0 is a plain target step; predicted = Σ ms plain decoding would take for the expected tokens / Σ predicted ms"
     return TableData("Round sizing (cost-aware)", headers, rows, note)
 

@@ -43,13 +43,19 @@ class Variant:
     sampling: SamplingParams
     params: dict = field(default_factory=dict)
     cost: CostModel | None = None  # the machine's cost model: cost-aware methods size rounds from it
+    # Copies of the target in other dtypes, with their cost models: routed per generation.
+    alternatives: list[tuple[LoadedModel, CostModel]] = field(default_factory=list)
     _decoder: Decoder | None = None
 
     @property
     def decoder(self) -> Decoder:
         if self._decoder is None:
             self._decoder = build_decoder(
-                self.config, self.target, self.draft if self.config.needs_draft else None, self.cost
+                self.config,
+                self.target,
+                self.draft if self.config.needs_draft else None,
+                self.cost,
+                self.alternatives,
             )
         return self._decoder
 
@@ -244,6 +250,7 @@ def _record(
         greedy_match=greedy_match,
         draft_params=variant.draft.num_parameters if uses_draft else None,
         params=variant.params,
+        dtype=s.dtype,
         k_counts=s.k_counts,
         probes=s.probes,
         predicted_tokens=s.predicted_tokens,

@@ -103,17 +103,27 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_from(args)
     examples = suite_examples(args)
     target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
-    cost = cost_model(args, target, draft) if any(c.adaptive for c in configs.values()) else None
-    variants = [
-        Variant(m, configs[m], target, draft, sampling, variant_params(args, configs[m]), cost)
-        for m in methods
-    ]
-    variants += plain_variants_in_other_dtypes(args, target, configs["ar"], sampling)
+    adaptive = any(c.adaptive for c in configs.values())
+    cost = cost_model(args, target, draft) if adaptive else None
+    others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]
+    # With --dtype auto, cost-aware methods run each generation in the dtype predicted fastest for it.
+    routed = adaptive and (args.target_dtype or args.dtype) == "auto"
+    alternatives = [(o, cost_model(args, o, draft)) for o in others] if routed else []
+    variants = []
+    for m in methods:
+        params = variant_params(args, configs[m])
+        routes = alternatives if configs[m].adaptive else []
+        if routes:
+            params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
+        variants.append(Variant(m, configs[m], target, draft, sampling, params, cost, routes))
+    for other in others:
+        params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
+        variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
     return execute(args, "bench", variants, {v.label: "ar" for v in variants}, target, draft, examples)
 
 
-def plain_variants_in_other_dtypes(args: argparse.Namespace, target: LoadedModel, config, sampling) -> list:
-    """`ar` in every other dtype the device supports, so that "vs best ar" is the machine's fastest."""
+def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
+    """Every other dtype the device supports (or --ar-dtypes), for "vs best ar" and for routing."""
     if args.ar_dtypes == "none":
         return []
     dtypes = (
@@ -121,7 +131,7 @@ def plain_variants_in_other_dtypes(args: argparse.Namespace, target: LoadedModel
         if args.ar_dtypes == "supported"
         else parse_list(args.ar_dtypes, str, "dtype")
     )
-    out = []
+    out: list[str] = []
     predicted = (getattr(args, "dtype_choices", {}).get(target.spec.name) or {}).get("predicted_s", {})
     for dtype in dtypes:
         if dtype == target.spec.dtype:
@@ -135,9 +145,7 @@ def plain_variants_in_other_dtypes(args: argparse.Namespace, target: LoadedModel
                 f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s[/]"
             )
             continue
-        other = load_spec(dataclasses.replace(target.spec, dtype=dtype))
-        params = variant_params(args, config, dtype=dtype)
-        out.append(Variant(f"ar {dtype}", config, other, None, sampling, params))
+        out.append(dtype)
     return out
 
 

@@ -19,12 +19,14 @@ from draftlab.models.loading import (
     load_model,
 )
 from draftlab.models.profile import (
+    TIE_BAND,
     Profile,
     load_cached,
     load_or_measure,
     pick_dtype,
     profile_dir,
     supported_dtypes,
+    verify_slope,
 )
 from draftlab.sampling import SamplingParams
 
@@ -197,6 +199,11 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
         f"plain decoding of a {prompt_tokens}-token prompt + {args.max_new_tokens} tokens is predicted "
         f"to take {predicted[dtype] / 1000:.2f} s in {dtype}" + (f" (vs {others})" if others else "")
     )
+    if predicted[dtype] > min(predicted.values()):
+        reason += (
+            f"; within {TIE_BAND:.0%} of the fastest, and verifying 4 drafts costs "
+            f"{verify_slope(curves[dtype]):.2f}× a plain step in it"
+        )
     choices[name] = {
         "dtype": dtype,
         "reason": reason,

@@ -14,7 +14,14 @@ from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, l
 from draftlab.decode.sizing import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import ModelSpec
-from draftlab.models.profile import Profile, hardware, load_or_measure, pick_dtype, supported_dtypes
+from draftlab.models.profile import (
+    Profile,
+    hardware,
+    load_or_measure,
+    pick_dtype,
+    supported_dtypes,
+    verify_slope,
+)
 
 BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
 
@@ -113,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
     }
     console.print(
         f"--dtype auto picks [bold]{chosen}[/]: predicted plain decoding of a 256-token prompt + "
-        f"{args.max_new_tokens} tokens: " + ", ".join(f"{d} {v / 1000:.2f} s" for d, v in predicted.items())
+        f"{args.max_new_tokens} tokens: "
+        + ", ".join(
+            f"{d} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
+            for d, v in predicted.items()
+        )
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "profile.json").write_text(json.dumps(results, indent=1))

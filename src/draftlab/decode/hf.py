@@ -106,6 +106,7 @@ class HFGenerateDecoder:
         first = clock.first_token_at if clock.first_token_at is not None else t_end
         stats = GenerationStats(
             prompt_tokens=len(prompt_ids),
+            dtype=lm.spec.dtype,
             new_tokens=len(tokens),
             prefill_s=first - t0,
             first_tokens=min(clock.first_chunk, len(tokens)),

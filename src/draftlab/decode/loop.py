@@ -50,6 +50,7 @@ class GenerationStats:
     # Cost-aware sizing (empty without it): rounds per chosen draft length k (index k), probes
     # made at k = 0, and the cost curve's prediction for the rounds run: Σ expected tokens, Σ ms,
     # and Σ ms that plain decoding would have spent on those expected tokens.
+    dtype: str | None = None  # the target's dtype for this generation
     k_counts: list[int] = field(default_factory=list)
     probes: int = 0
     predicted_tokens: float = 0.0
@@ -154,7 +155,7 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
         self.check_prompt(prompt_ids, max_new_tokens)
         sampler = Sampler(params.seed)
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), dtype=self.target.lm.spec.dtype)
         target, proposer = self.target, self.proposer
         draft_calls_before = proposer.forward_calls
         target_calls_before = target.forward_calls

@@ -8,7 +8,7 @@ decoder is built. Adding a method is one entry in `REGISTRY` plus its proposer o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
@@ -271,9 +271,25 @@ def build_decoder(
     target: LoadedModel,
     draft: LoadedModel | None = None,
     cost: CostModel | None = None,
+    alternatives: Sequence[tuple[LoadedModel, CostModel]] = (),
 ) -> Decoder:
-    """`cost` is the machine's cost model; without one, cost-aware methods draft a fixed k."""
+    """`cost` is the machine's cost model; without one, cost-aware methods draft a fixed k.
+
+    `alternatives` are copies of the target in other dtypes with their cost models: a cost-aware
+    method then runs each generation in the dtype predicted fastest for it (decode/router.py).
+    """
     spec = config.spec
     if spec.needs_draft and draft is None:
         raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
-    return spec.build(config, target, draft if spec.needs_draft else None, cost)
+    draft = draft if spec.needs_draft else None
+    main = spec.build(config, target, draft, cost)
+    if not alternatives or not config.adaptive or cost is None:
+        return main
+    from draftlab.decode.router import DtypeRouter
+
+    decoders = {target.spec.dtype: main}
+    for other, other_cost in alternatives:
+        decoder = spec.build(config, other, draft, other_cost)
+        decoder.sizer.share(main.sizer.evidence)
+        decoders[other.spec.dtype] = decoder
+    return DtypeRouter(decoders)

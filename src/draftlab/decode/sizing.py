@@ -123,6 +123,16 @@ def choose_k(verify_ms, draft_ms, alphas: list[float], k_max: int, context: int)
 class _KindState:
     run: AcceptanceStats = field(default_factory=AcceptanceStats)
     example: AcceptanceStats = field(default_factory=AcceptanceStats)
+    proposals: int = 0  # rounds that had a proposal of this kind
+
+
+@dataclass
+class Evidence:
+    """What a method has learned about acceptance; sizers of one method in several dtypes share it."""
+
+    kinds: dict[str | None, _KindState] = field(default_factory=dict)
+    rounds: int = 0  # rounds sized
+    rounds_with_proposal: int = 0
 
 
 class RoundSizer:
@@ -135,17 +145,30 @@ class RoundSizer:
     switch speculation off for good.
     """
 
-    def __init__(self, cost: CostModel, k_max: int, free_drafts: bool, prior: float = 0.5) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        k_max: int,
+        free_drafts: bool,
+        prior: float = 0.5,
+        evidence: Evidence | None = None,
+    ) -> None:
         self.cost = cost
         self.k_max = k_max
         self.free_drafts = free_drafts
         self.initial_prior = prior
-        self.kinds: dict[str | None, _KindState] = {}
+        self.evidence = evidence if evidence is not None else Evidence()
+        self.kinds = self.evidence.kinds
         self.propose_ms = 0.0  # running mean of a free proposer's own time per round
         self._since_probe = 0
         self._misses = 0  # rejected probes in a row
         # measured / predicted round time, for plain (k = 0) and speculative rounds
         self.calibration = {False: 1.0, True: 1.0}
+
+    def share(self, evidence: Evidence) -> None:
+        """Learn into (and from) another sizer's evidence: the same method with another dtype."""
+        self.evidence = evidence
+        self.kinds = evidence.kinds
 
     def start(self) -> None:
         """A new generation: the example's own evidence starts empty, the run's prior stays."""
@@ -173,11 +196,7 @@ class RoundSizer:
             prior = rate
         return out
 
-    def choose(self, context: int, limit: int, kind: str | None = None, pending: int = 2) -> Choice:
-        limit = min(limit, self.k_max)
-        plain = self.cost.verify_ms(1, context)
-        alphas = self.alphas(kind, limit)
-
+    def _costs(self, pending: int = 2):
         calibrated = self.calibration
 
         def draft_ms(k: int, ctx: int) -> float:
@@ -189,6 +208,50 @@ class RoundSizer:
             return self.cost.verify_ms(n, ctx) * calibrated[n > 1] + (
                 (calibrated[True] - 1) * draft_ms(n - 1, ctx) if n > 1 else 0.0
             )
+
+        return verify_ms, draft_ms
+
+    def tokens_per_ms(self, context: int) -> float:
+        """Expected decoding rate at this context from the run's evidence (no side effects).
+
+        Rounds without a proposal (no n-gram match) are plain steps; the others take the best k
+        for their kind of proposal, weighted by how often each kind came up.
+        """
+        verify_ms, draft_ms = self._costs()
+        plain = 1.0 / verify_ms(1, context)
+        evidence = self.evidence
+        if self.free_drafts:
+            share = evidence.rounds_with_proposal / evidence.rounds if evidence.rounds else 1.0
+            weights = {kind: state.proposals for kind, state in self.kinds.items() if state.proposals}
+        else:
+            share, weights = 1.0, {None: 1}
+        if not weights:
+            return plain
+        total = sum(weights.values())
+        speculative = 0.0
+        for kind, weight in weights.items():
+            alphas = self._run_alphas(kind, self.k_max)
+            _, tokens, cost = choose_k(verify_ms, draft_ms, alphas, self.k_max, context)
+            speculative += weight / total * tokens / cost
+        return share * speculative + (1 - share) * plain
+
+    def _run_alphas(self, kind: str | None, n: int) -> list[float]:
+        state = self._state(kind)
+        out, prior = [], self.initial_prior
+        for j in range(n):
+            prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            out.append(prior)
+        return out
+
+    def choose(self, context: int, limit: int, kind: str | None = None, pending: int = 2) -> Choice:
+        limit = min(limit, self.k_max)
+        plain = self.cost.verify_ms(1, context)
+        alphas = self.alphas(kind, limit)
+        verify_ms, draft_ms = self._costs(pending)
+        self.evidence.rounds += 1
+        if limit > 0:
+            self.evidence.rounds_with_proposal += 1
+            self._state(kind).proposals += 1
 
         k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context)
         if k == 0 and not self.free_drafts and limit > 0:

@@ -24,7 +24,7 @@ import torch
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import LoadedModel
 
-PROFILE_SCHEMA = 1
+PROFILE_SCHEMA = 2
 # The ISA features that decide how a CPU multiplies bfloat16 / float16 matrices.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # Environment variables that change which kernels torch picks (and so what a pass costs).
@@ -138,6 +138,9 @@ class CostCurve:
     ms: list[list[float]]  # [context][size], medians
     prefill_lengths: list[int] = field(default_factory=list)
     prefill_ms: list[float] = field(default_factory=list)
+    # Measured plain decoding step / the curve's 1-token pass at the same context: what a real
+    # decode step adds (sampling the token, growing the cache) on this machine and dtype.
+    step_factor: float = 1.0
 
     def forward_ms(self, n: int, context: int) -> float:
         """One pass scoring `n` new tokens after `context` cached ones, interpolated."""
@@ -152,7 +155,7 @@ class CostCurve:
     def plain_decoding_ms(self, prompt: int, new_tokens: int) -> float:
         """Predicted time of plain decoding: the prefill, then one pass per token."""
         middle = prompt + new_tokens // 2
-        return self.prefill(prompt) + (new_tokens - 1) * self.forward_ms(1, middle)
+        return self.prefill(prompt) + (new_tokens - 1) * self.forward_ms(1, middle) * self.step_factor
 
 
 @dataclass
@@ -171,10 +174,27 @@ class Profile:
         return cls(**{**data, "curve": CostCurve(**data["curve"])})
 
 
+# Plain decoding predicted within this share of the fastest counts as a tie. On a 2-core Xeon with
+# AMX the profile predicted float16 7% faster than bfloat16 (2.18 vs 2.34 s), while whole plain
+# generations measured in one interleaved bench differed by 1% (26.6 vs 26.5 tok/s).
+TIE_BAND = 0.10
+
+
+def verify_slope(curve: CostCurve, k: int = 4, context: int = 256) -> float:
+    """What verifying k drafts costs relative to a plain step: 1 is free speculation."""
+    return curve.forward_ms(k + 1, context) / curve.forward_ms(1, context)
+
+
 def pick_dtype(curves: dict[str, CostCurve], prompt_tokens: int, new_tokens: int) -> tuple[str, dict]:
-    """The dtype with the fastest predicted plain decoding, and every candidate's prediction in ms."""
+    """The dtype of the fastest predicted plain decoding, and every candidate's prediction in ms.
+
+    Among dtypes tied with the fastest (within TIE_BAND), the one whose multi-token pass is
+    cheapest wins: plain decoding costs the same in each, and speculation gains most there.
+    """
     predicted = {dtype: curve.plain_decoding_ms(prompt_tokens, new_tokens) for dtype, curve in curves.items()}
-    return min(predicted, key=predicted.__getitem__), predicted
+    fastest = min(predicted.values())
+    tied = [d for d, ms in predicted.items() if ms <= fastest * (1 + TIE_BAND)]
+    return min(tied, key=lambda d: (verify_slope(curves[d]), predicted[d])), predicted
 
 
 def default_contexts(limit: int | None, quick: bool) -> list[int]:
@@ -243,7 +263,29 @@ def measure(
             feed = ids(length)
             times.append(_timed(lambda feed=feed: runner.forward(feed, keep=1), lm.device))
         prefill.append(statistics.median(times))
-    return CostCurve(list(sizes), list(contexts), ms, list(prefill_lengths), prefill)
+    curve = CostCurve(list(sizes), list(contexts), ms, list(prefill_lengths), prefill)
+    curve.step_factor = _plain_step_factor(runner, curve, ids, repeats, lm.device, limit)
+    return curve
+
+
+def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int, device, limit) -> float:
+    """Time a short real plain decode (argmax, one token a pass) against the curve's prediction."""
+    prompt, steps = 128, 16
+    if limit is not None:
+        prompt = max(min(prompt, limit - steps - 1), 1)
+    ratios = []
+    for _ in range(max(repeats, 2)):
+        runner.start([0])
+        last = int(runner.forward(ids(prompt), keep=1)[-1].argmax())
+
+        def decode(last: int = last) -> None:
+            for _ in range(steps):
+                last = int(runner.forward([last], keep=1)[-1].argmax())
+
+        elapsed = _timed(decode, device)
+        predicted = sum(curve.forward_ms(1, prompt + i) for i in range(steps))
+        ratios.append(elapsed / predicted)
+    return statistics.median(ratios)
 
 
 def profile_dir() -> Path:
