@@ -126,6 +126,10 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     if x < x0 and i == 1:
         # Below the first point: hold the value rather than extrapolate a pass to zero cost.
         return y0
+    if x > x1 and y1 <= y0:
+        # Past the last point a cost never falls: noise between the last two points must not
+        # extrapolate toward zero.
+        return y1
     return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
 
 
@@ -284,8 +288,9 @@ def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int,
 
         elapsed = _timed(decode, device)
         predicted = sum(curve.forward_ms(1, prompt + i) for i in range(steps))
-        ratios.append(elapsed / predicted)
-    return statistics.median(ratios)
+        if predicted > 0:
+            ratios.append(elapsed / predicted)
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def profile_dir() -> Path:
