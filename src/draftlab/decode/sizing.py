@@ -133,6 +133,10 @@ class Evidence:
     kinds: dict[str | None, _KindState] = field(default_factory=dict)
     rounds: int = 0  # rounds sized
     rounds_with_proposal: int = 0
+    # Measured / predicted round time, for plain (k = 0) and speculative rounds. Shared by the
+    # copies of a routed method: it captures this run's conditions (load, Python overhead), which
+    # they have in common, and a copy that was never chosen must not look cheaper for lack of it.
+    calibration: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})
 
 
 class RoundSizer:
@@ -159,16 +163,16 @@ class RoundSizer:
         self.initial_prior = prior
         self.evidence = evidence if evidence is not None else Evidence()
         self.kinds = self.evidence.kinds
+        self.calibration = self.evidence.calibration
         self.propose_ms = 0.0  # running mean of a free proposer's own time per round
         self._since_probe = 0
         self._misses = 0  # rejected probes in a row
-        # measured / predicted round time, for plain (k = 0) and speculative rounds
-        self.calibration = {False: 1.0, True: 1.0}
 
     def share(self, evidence: Evidence) -> None:
         """Learn into (and from) another sizer's evidence: the same method with another dtype."""
         self.evidence = evidence
         self.kinds = evidence.kinds
+        self.calibration = evidence.calibration
 
     def start(self) -> None:
         """A new generation: the example's own evidence starts empty, the run's prior stays."""

@@ -24,7 +24,7 @@ import torch
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import LoadedModel
 
-PROFILE_SCHEMA = 2
+PROFILE_SCHEMA = 3
 # The ISA features that decide how a CPU multiplies bfloat16 / float16 matrices.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # Environment variables that change which kernels torch picks (and so what a pass costs).
@@ -342,7 +342,7 @@ def load_or_measure(
     t0 = time.perf_counter()
     sizes = QUICK_SIZES if quick else FULL_SIZES
     contexts = default_contexts(lm.context_length, quick)
-    lengths = [16, 64, 256, 512] if quick else [16, 64, 256, 1024, 2048, 4096]
+    lengths = [16, 64, 256, 1024] if quick else [16, 64, 256, 1024, 2048, 4096]
     curve = measure(lm, sizes, contexts, lengths, repeats=repeats, on_step=on_step)
     profile = Profile(
         fingerprint(lm), curve, repeats, time.perf_counter() - t0, time.strftime("%Y-%m-%dT%H:%M:%S")
