@@ -271,6 +271,7 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
             [],
             {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")},
         ),
+        ("sizing", [], {"ar", "sps fixed k", "sps cost-aware", "pld fixed k", "pld cost-aware"}),
     ]:
         out = tmp_path / f"{kind}-{len(extra)}"
         args = common

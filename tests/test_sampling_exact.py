@@ -166,3 +166,30 @@ def test_sps_with_an_early_stop_is_still_exact(pair):
     short = sum(got < asked for asked, got in proposer.asked_and_got)
     assert short > 0.1 * len(proposer.asked_and_got), "the early stop must happen, or this checks nothing"
     assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_cost_aware_sizing_is_still_exact(pair):
+    """k chosen per round from costs and past acceptance (k = 0 included) leaves the output law intact."""
+    from draftlab.decode.sizing import CostModel, RoundSizer
+    from draftlab.models.profile import CostCurve
+
+    target, draft = pair
+    joint = exact_joint(target)
+    # Verifying one draft costs 1.5 plain steps here: break-even near α = 0.5, this pair's α, so
+    # the choice of k moves between rounds as the estimate moves. Timings must not steer it.
+    cost = CostModel(
+        CostCurve([1, 2, 3], [1, 64], [[1.0, 1.5, 2.0]] * 2), CostCurve([1, 2, 3], [1, 64], [[0.05] * 3] * 2)
+    )
+    sizer = RoundSizer(cost, k_max=2, free_drafts=False, calibrate=False)
+    proposer = DraftModelProposer(CachedModel(draft), target.vocab_size, lazy_prefill=True)
+    decoder = SpeculativeDecoder(CachedModel(target), proposer, SpeculativeRule(), gamma=2, sizer=sizer)
+    counts = np.zeros((len(VOCAB), len(VOCAB)))
+    k_counts = [0, 0, 0]
+    for seed in range(SAMPLES):
+        out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
+        counts[out.tokens[0], out.tokens[1]] += 1
+        for k, n in enumerate(out.stats.k_counts):
+            k_counts[k] += n
+    rounds = sum(k_counts)
+    assert k_counts[0] > 0.1 * rounds and k_counts[1] + k_counts[2] > 0.1 * rounds, k_counts
+    assert chi_square_p(counts, joint) > 1e-3

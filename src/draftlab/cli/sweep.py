@@ -29,14 +29,16 @@ from draftlab.cli.common import (
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
-KINDS = ("gamma", "bild", "confidence", "temperature", "ablation")
+KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sweep", help="sweep drafts × γ, BiLD thresholds, temperature, or run the ablation"
     )
-    p.add_argument("kind", choices=KINDS)
+    p.add_argument(
+        "kind", choices=KINDS, help="sizing: sps and pld with a fixed k against cost-aware rounds, in one run"
+    )
     p.add_argument("--drafts", default=None, help="gamma: comma-separated drafts (default: --draft)")
     p.add_argument("--gammas", default="1,2,3,4,6,8", help="gamma: values of γ")
     p.add_argument("--fallbacks", default="0.5,0.6,0.7", help="bild: fallback thresholds")
@@ -58,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
-    if args.kind != "temperature":
+    if args.kind not in ("temperature", "sizing"):
         args.fixed_k = True
     examples = suite_examples(args)
     sampling = sampling_from(args)
@@ -128,7 +130,27 @@ def run(args: argparse.Namespace) -> int:
             baselines[ar_label] = ar_label
             baselines[f"{args.method} T={t:g}"] = ar_label
         return execute(args, "sweep-temperature", variants, baselines, target, draft, examples)
+    if args.kind == "sizing":
+        return _sizing(args, examples, sampling)
     return _ablation(args, examples, sampling)
+
+
+def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+    """sps and pld with a fixed k and with cost-aware rounds, in one interleaved run."""
+    target, draft = load_pair(args, need_draft=True)
+    base = decoder_config(args, "ar")
+    cost = cost_model(args, target, draft)
+    variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
+    for method in ("sps", "pld"):
+        for fixed in (True, False):
+            cfg = dataclasses.replace(decoder_config(args, method), fixed_k=fixed)
+            label = f"{method} {'fixed k' if fixed else 'cost-aware'}"
+            variants.append(
+                Variant(
+                    label, cfg, target, draft, sampling, variant_params(args, cfg), None if fixed else cost
+                )
+            )
+    return execute(args, "sweep-sizing", variants, {v.label: "ar" for v in variants}, target, draft, examples)
 
 
 def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:

@@ -156,6 +156,7 @@ class RoundSizer:
         free_drafts: bool,
         prior: float = 0.5,
         evidence: Evidence | None = None,
+        calibrate: bool = True,
     ) -> None:
         self.cost = cost
         self.k_max = k_max
@@ -164,6 +165,7 @@ class RoundSizer:
         self.evidence = evidence if evidence is not None else Evidence()
         self.kinds = self.evidence.kinds
         self.calibration = self.evidence.calibration
+        self.calibrate = calibrate  # False: trust the profile as it is (reproducible choices)
         self.propose_ms = 0.0  # running mean of a free proposer's own time per round
         self._since_probe = 0
         self._misses = 0  # rejected probes in a row
@@ -268,7 +270,7 @@ class RoundSizer:
 
     def observe_time(self, choice: Choice, measured_ms: float) -> None:
         """Correct the profile by what rounds of this kind really took in this run."""
-        if choice.cost_ms <= 0:
+        if choice.cost_ms <= 0 or not self.calibrate:
             return
         speculative = choice.k > 0
         ratio = measured_ms / (choice.cost_ms / self.calibration[speculative])
