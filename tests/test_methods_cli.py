@@ -73,6 +73,8 @@ def test_generate_json_reports_each_methods_own_draft_length(tiny_pair, capsys, 
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["gamma"] == expected
+    assert record["sizing"] == ("cost-aware" if method in ("sps", "pld") else "fixed k")
+    assert sum(record["stats"]["k_counts"]) == (record["stats"]["rounds"] if method in ("sps", "pld") else 0)
 
 
 def test_profile_command_writes_tables_json_and_plot(tiny_pair, tmp_path, capsys):

@@ -9,7 +9,14 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from draftlab.cli.common import add_method_args, add_model_args, decoder_config, load_pair, sampling_from
+from draftlab.cli.common import (
+    add_method_args,
+    add_model_args,
+    cost_model,
+    decoder_config,
+    load_pair,
+    sampling_from,
+)
 from draftlab.decode.methods import METHODS, build_decoder
 from draftlab.errors import DraftlabError
 from draftlab.models.prompting import encode_prompt
@@ -34,13 +41,16 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_from(args)
     target, draft = load_pair(args, config.needs_draft)
     ids = encode_prompt(target, prompt, chat=args.chat)
-    result = build_decoder(config, target, draft).generate(ids, args.max_new_tokens, params)
+    cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
+    result = build_decoder(config, target, draft, cost).generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {
             "method": args.method,
             "target": target.spec.name,
             "draft": draft.spec.name if draft else None,
             "gamma": config.spec.gamma(config),
+            "dtype": target.spec.dtype,
+            "sizing": "cost-aware" if cost is not None else "fixed k",
             "temperature": params.temperature,
             "text": result.text,
             "tokens": result.tokens,
