@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from draftlab.decode.sizing import RoundSizer, Shadow
+from draftlab.decode.sizing import Choice, RoundSizer, Shadow
 from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
@@ -177,20 +177,7 @@ class SpeculativeDecoder:
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
-            choice = None
-            if sizer is None:
-                proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
-            elif sizer.free_drafts:
-                # Free drafts: propose first, then verify only the share that pays.
-                proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
-                sizer.observe_propose_time((time.perf_counter() - t_propose) * 1000)
-                choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
-                if choice.k < len(proposal.tokens) and not shadow.active and choice.k == 0:
-                    shadow.begin(proposal.tokens, proposal.kind)
-                proposal = proposal.truncate(choice.k)
-            else:
-                choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence))
-                proposal = proposer.propose(sequence, choice.k, params, sampler) if choice.k else Proposal()
+            proposal, choice = self._propose(sequence, budget, params, sampler, shadow)
             proposal = self._cut_at_eos(proposal)
             stats.propose_s += time.perf_counter() - t_propose
             stats.propose_calls += proposer.forward_calls - calls_before
@@ -209,12 +196,7 @@ class SpeculativeDecoder:
                 stats.record_choice(
                     choice.k, choice.expected_tokens, choice.cost_ms, choice.plain_ms, choice.probe
                 )
-                sizer.observe(len(proposal.tokens), verdict.accepted, proposal.kind, choice.probe)
-                # A shadow proposal is judged by the tokens the target wrote instead (free evidence);
-                # a speculative round ends it with what it has seen so far.
-                ended = shadow.advance(new) if proposal.tokens == [] and shadow.active else shadow.end()
-                if ended is not None:
-                    sizer.observe(*ended)
+                self._learn(sizer, shadow, proposal, verdict.accepted, new, choice.probe)
             new = self._stop_at_eos(new)[:budget]
             stats.draft_tokens_kept += min(verdict.accepted, len(new))
             sequence.extend(new)
@@ -237,6 +219,38 @@ class SpeculativeDecoder:
         stats.draft_calls = proposer.forward_calls - draft_calls_before
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Generation(tokens, text, stats)
+
+    def _propose(
+        self, sequence: list[int], budget: int, params: SamplingParams, sampler: Sampler, shadow: Shadow
+    ) -> tuple[Proposal, Choice | None]:
+        """This round's proposal, and the sizer's choice of k when rounds are sized."""
+        sizer, proposer = self.sizer, self.proposer
+        if sizer is None:
+            return proposer.propose(sequence, min(self.gamma, budget), params, sampler), None
+        if not sizer.free_drafts:
+            choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence))
+            proposal = proposer.propose(sequence, choice.k, params, sampler) if choice.k else Proposal()
+            return proposal, choice
+        # Free drafts: propose first, then verify only the share that pays. An unused proposal
+        # becomes the shadow that the target's next tokens are scored against.
+        t0 = time.perf_counter()
+        proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+        sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
+        choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
+        if choice.k == 0 and proposal.tokens and not shadow.active:
+            shadow.begin(proposal.tokens, proposal.kind)
+        return proposal.truncate(choice.k), choice
+
+    @staticmethod
+    def _learn(
+        sizer: RoundSizer, shadow: Shadow, proposal: Proposal, accepted: int, written: list[int], probe: bool
+    ) -> None:
+        sizer.observe(len(proposal.tokens), accepted, proposal.kind, probe)
+        # A shadow proposal is judged by the tokens the target wrote instead (free evidence); a
+        # speculative round ends it with what it has seen so far.
+        ended = shadow.advance(written) if not proposal.tokens and shadow.active else shadow.end()
+        if ended is not None:
+            sizer.observe(*ended)
 
     def _cut_at_eos(self, proposal: Proposal) -> Proposal:
         """Nothing after an end-of-sequence token can be kept, so it is not worth verifying."""
