@@ -120,6 +120,16 @@ def test_resume_refuses_a_different_configuration(tiny_pair, suite_file, tmp_pat
         == 2
     )
     assert "max_new_tokens" in capsys.readouterr().err
+    changed = ["--methods", "ar,pld", "--temperature", "0.5", "--no-chat", "--pld-tokens", "7", "--resume"]
+    out2 = tmp_path / "run2"
+    assert main(bench_args(tiny_pair, suite_file, out2, "--methods", "ar,pld")) == 0
+    before = (out2 / "run.json").read_text()
+    assert main(bench_args(tiny_pair, suite_file, out2, *changed)) == 2
+    err = capsys.readouterr().err
+    for name in ("temperature", "chat", "pld_tokens"):
+        assert name in err, (name, err)
+    assert "\n" not in err.strip()
+    assert (out2 / "run.json").read_text() == before, "a refused resume changes no file"
 
 
 def test_malformed_jsonl_names_file_and_line(tiny_pair, tmp_path, capsys):

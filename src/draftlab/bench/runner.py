@@ -82,6 +82,31 @@ class BenchPlan:
             raise DraftlabError("no examples to run (check --subtasks and --limit)")
 
 
+# What a record depends on: a resumed run must match the folder's run.json on all of these.
+RESUME_FIELDS = ("target", "draft", "dtype", "device", "temperature", "max_new_tokens", "labels", "suite")
+RESUME_EXTRA = ("chat", "repeats", "sampling", "sizing", "variants")
+
+
+def changed_settings(previous: RunInfo, now: RunInfo) -> list[str]:
+    """Every setting that differs, as "name: old -> new" (settings an older run.json lacks are skipped)."""
+    out = []
+    for name in RESUME_FIELDS:
+        if getattr(previous, name) != getattr(now, name):
+            out.append(f"{name} was {getattr(previous, name)!r}, now {getattr(now, name)!r}")
+    for name in RESUME_EXTRA:
+        if name not in previous.extra:
+            continue
+        old, new = previous.extra[name], now.extra.get(name)
+        if name == "variants" and isinstance(old, dict) and isinstance(new, dict):
+            for label in sorted(set(old) & set(new)):
+                for key in sorted(set(old[label]) | set(new[label])):
+                    if old[label].get(key) != new[label].get(key):
+                        out.append(f"{label} {key} was {old[label].get(key)!r}, now {new[label].get(key)!r}")
+        elif old != new:
+            out.append(f"{name} was {old!r}, now {new!r}")
+    return out
+
+
 def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]:
     """Create or reopen a results folder. Returns the records already there (resume)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -95,13 +120,9 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
         results.write_text("")
         return []
     if (directory / RUN_FILE).exists():
-        previous = RunInfo.load(directory)
-        for name in ("target", "draft", "dtype", "device", "max_new_tokens", "labels", "suite"):
-            if getattr(previous, name) != getattr(info, name):
-                raise DraftlabError(
-                    f"cannot resume in '{directory}': {name} was {getattr(previous, name)!r}, "
-                    f"now {getattr(info, name)!r}"
-                )
+        changed = changed_settings(RunInfo.load(directory), info)
+        if changed:
+            raise DraftlabError(f"cannot resume in '{directory}': changed settings: {'; '.join(changed)}")
     info.save(directory)
     done = read_records(results)
     # Drop a torn last line so that appends start on a fresh line.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import platform
 import time
 from pathlib import Path
@@ -211,6 +212,8 @@ def execute(
             "turns": sum(len(e.turns) for e in examples),
             "repeats": args.repeats,
             "chat": not args.no_chat,
+            "sampling": {"top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+            "variants": {v.label: json.loads(json.dumps(v.params, default=str)) for v in variants},
             "torch_threads": torch.get_num_threads(),
             "versions": {
                 "draftlab": __version__,
