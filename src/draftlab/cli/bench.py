@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -94,7 +95,24 @@ def parse_list(text: str, kind, name: str) -> list:
     return values
 
 
+def check_out(args: argparse.Namespace) -> None:
+    """Refuse an unusable --out before any model loads: a file, a path under a file, no write access."""
+    if args.resume and not args.out:
+        raise DraftlabError("--resume needs --out (the folder of the run to continue)")
+    if not args.out:
+        return
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DraftlabError(f"--out '{out}' is a file, not a folder")
+    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise DraftlabError(f"--out '{out}' lies under '{existing}', which is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DraftlabError(f"--out '{out}' is not writable ('{existing}' does not allow it)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_out(args)
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)

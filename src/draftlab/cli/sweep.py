@@ -9,6 +9,7 @@ from draftlab.bench.runner import Variant
 from draftlab.cli.bench import (
     add_run_args,
     add_suite_args,
+    check_out,
     execute,
     parse_list,
     suite_examples,
@@ -58,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out(args)
     # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):
