@@ -227,6 +227,25 @@ def sizing(records: Sequence[Record]) -> dict:
     }
 
 
+def trees(records: Sequence[Record]) -> dict:
+    """Token trees: nodes verified per tree round, the share of tree rounds whose accepted path
+    left the proposer's first choice, why a method fell back to chains, and the earlier outputs
+    a SuffixDecoding proposer drew on (output label -> generations that used it)."""
+    rounds = sum(r.tree_rounds for r in records)
+    used: dict[str, int] = {}
+    for r in records:
+        for name in (r.proposer_info or {}).get("earlier_outputs_used", {}):
+            used[name] = used.get(name, 0) + 1
+    fallbacks = {r.tree_fallback for r in records if r.tree_fallback}
+    return {
+        "tree_rounds": rounds,
+        "nodes_per_round": ratio(sum(r.tree_nodes for r in records), rounds) if rounds else None,
+        "branch_win_share": ratio(sum(r.branch_wins for r in records), rounds) if rounds else None,
+        "tree_fallback": "; ".join(sorted(fallbacks)) or None,
+        "earlier_outputs_used": used,
+    }
+
+
 def draft_step_s(records: Sequence[Record]) -> float | None:
     """Seconds per draft forward pass while proposing: Σ propose_s / Σ propose_calls."""
     return ratio(sum(r.propose_s for r in records), sum(r.propose_calls for r in records))
@@ -328,6 +347,7 @@ def group_metrics(
     decode = out["decode_speedup"]
     out["measured_over_predicted"] = decode / predicted if decode is not None and predicted else None
     out.update(sizing(records))
+    out.update(trees(records))
     out.update(greedy_match(records))
     out.update(bild_stats(records))
     out.update(prefill_stats(records))
@@ -468,6 +488,23 @@ def sweeps(
             )
         )
         out["draft_gamma"] = rows
+
+    # Tree node budget (draftlab sweep tree): each tree method at each fixed budget.
+    budgeted = {
+        label: v["params"]["tree_budget"]
+        for label, v in variants.items()
+        if v["params"].get("tree_budget") is not None
+    }
+    if len(set(budgeted.values())) > 1:
+        rows = [
+            {
+                **_row(label, overall[label], *_ROW_FIELDS, "nodes_per_round", "branch_win_share"),
+                "budget": budget,
+            }
+            for label, budget in budgeted.items()
+        ]
+        rows.sort(key=lambda r: (str(r["method"]), r["budget"]))
+        out["tree_budget"] = rows
 
     # BiLD fallback × rollback grid, one per draft.
     bild = []

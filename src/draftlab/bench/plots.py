@@ -17,6 +17,7 @@ from draftlab.decode.methods import is_speculative
 SPEEDUP_PNG = "speedup_by_subtask.png"
 ACCEPTANCE_PNG = "acceptance_vs_gamma.png"
 DRAFT_SIZE_PNG = "tokens_per_s_vs_draft_size.png"
+TREE_BUDGET_PNG = "speedup_vs_tree_budget.png"
 PLOT_FILES = (SPEEDUP_PNG, ACCEPTANCE_PNG, DRAFT_SIZE_PNG)
 
 
@@ -233,11 +234,40 @@ def fmt_params(count: float | None) -> str:
     return str(int(count))
 
 
+def plot_speedup_vs_tree_budget(summary: dict, path: Path) -> Path:
+    """One panel per tree method: speed-up against the node budget, overall and per subtask."""
+    rows = summary["sweeps"]["tree_budget"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig = _figure(5.0 * len(methods), 4.4)
+    names = summary["subtask_names"]
+    for i, method in enumerate(methods, 1):
+        ax = fig.add_subplot(1, len(methods), i)
+        mine = [r for r in rows if r["method"] == method]
+        _plot_series(
+            ax, [(r["budget"], r["speedup"]) for r in mine if r["speedup"]], label="overall", linewidth=2.5
+        )
+        for name in names:
+            points = [
+                (r["budget"], summary["subtasks"][name].get(r["label"], {}).get("speedup")) for r in mine
+            ]
+            _plot_series(ax, [(b, s) for b, s in points if s], label=name, linewidth=1, alpha=0.8)
+        ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree node budget")
+        ax.set_ylabel(f"speed-up over {summary['baseline']}")
+        ax.set_title(method)
+        _legend(ax, len(names) + 1)
+    return _save(fig, path)
+
+
 def write_plots(summary: dict, directory: Path) -> list[Path]:
-    """Write the three PNGs into `directory`; returns their paths."""
+    """Write the PNGs into `directory` (three always, more for the sweeps that need them)."""
     directory = Path(directory)
-    return [
+    paths = [
         plot_speedup_by_subtask(summary, directory / SPEEDUP_PNG),
         plot_acceptance_vs_gamma(summary, directory / ACCEPTANCE_PNG),
         plot_tokens_per_s_vs_draft_size(summary, directory / DRAFT_SIZE_PNG),
     ]
+    if "tree_budget" in summary["sweeps"]:
+        paths.append(plot_speedup_vs_tree_budget(summary, directory / TREE_BUDGET_PNG))
+    return paths

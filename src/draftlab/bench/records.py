@@ -59,6 +59,14 @@ class Record:
     predicted_tokens: float = 0.0
     predicted_ms: float = 0.0
     predicted_plain_ms: float = 0.0
+    # Token trees: rounds that verified a tree, Σ nodes verified, rounds won by a non-first
+    # branch; why a tree method ran chains, and what its proposer reports (SuffixDecoding: the
+    # earlier outputs it drew on).
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    branch_wins: int = 0
+    tree_fallback: str | None = None
+    proposer_info: dict = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -71,6 +71,8 @@ CSV_FIELDS = (
     "mean_k",
     "probes",
     "cost_predicted_speedup",
+    "nodes_per_round",
+    "branch_win_share",
     "greedy_compared",
     "greedy_matches",
     "greedy_match_rate",
@@ -294,6 +296,40 @@ def sizing_table(summary: dict) -> TableData | None:
     return TableData("Round sizing (cost-aware)", headers, rows, note)
 
 
+def tree_table(summary: dict) -> TableData | None:
+    """Tree methods: how big their trees were, how often a branch other than the first won, and
+    what the cost curve predicted against what was measured."""
+    rows = []
+    for label in summary["labels"]:
+        m = summary["overall"][label]
+        if not m.get("tree_rounds") and not m.get("tree_fallback"):
+            continue
+        used = m.get("earlier_outputs_used") or {}
+        rows.append(
+            [
+                label,
+                str(m["tree_rounds"]),
+                fmt(m["nodes_per_round"]),
+                fmt(m["mean_accepted_length"]),
+                fmt_pct(m["branch_win_share"]),
+                fmt(m["cost_predicted_speedup"]) + ("×" if m["cost_predicted_speedup"] is not None else ""),
+                fmt_speedup(m, "decode_", ci=False),
+                fmt_vs_best(m),
+                (", ".join(sorted(used)) if used else "-") if m["method"] == "suffix" else "-",
+                m.get("tree_fallback") or "-",
+            ]
+        )
+    if not rows:
+        return None
+    headers = ["label", "tree rounds", "nodes / round", "mean acc. len", "non-first branch won"]
+    headers += ["predicted (cost curve)", "decode speed-up", "vs best ar", "earlier outputs used", "fallback"]
+    note = (
+        "mean acc. len counts the target's own token; non-first branch won = share of tree rounds whose "
+        "accepted path left the proposer's first choice"
+    )
+    return TableData("Token trees", headers, rows, note)
+
+
 def acceptance_table(summary: dict) -> TableData | None:
     rows = []
     for label in summary["labels"]:
@@ -351,6 +387,24 @@ def sweep_tables(summary: dict) -> list[TableData]:
         headers = ["method", "draft", "# of draft params", "γ (n_lookahead)", "mean acceptance rate", "α̂"]
         headers += ["inference speed rate (c)", "speed-up [95% CI]", "predicted", "tokens/s", "label"]
         tables.append(TableData("Sweep: draft size × γ", headers, rows))
+    if "tree_budget" in sweeps:
+        names = summary["subtask_names"]
+        rows = []
+        for r in sweeps["tree_budget"]:
+            per_subtask = [summary["subtasks"][s].get(r["label"], {}).get("speedup") for s in names]
+            rows.append(
+                [
+                    r["method"] or "-",
+                    str(r["budget"]),
+                    fmt(r["nodes_per_round"]),
+                    fmt(r["mean_accepted_length"]),
+                    fmt_pct(r["branch_win_share"]),
+                    fmt_speedup(r),
+                    *(fmt(x) + ("×" if x is not None else "") for x in per_subtask),
+                ]
+            )
+        headers = ["method", "budget", "nodes / round", "mean acc. len", "non-first branch won", "speed-up"]
+        tables.append(TableData("Sweep: tree node budget", headers + list(names), rows))
     for grid in sweeps.get("bild", []):
         cells = {(c["fallback"], c["rollback"]): c for c in grid["cells"]}
         rows = []
@@ -689,7 +743,7 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
 
     main_tables = [overall_table(summary), subtask_table(summary)]
     extra_tables = [timing_table(summary)]
-    for optional in (sizing_table(summary), acceptance_table(summary)):
+    for optional in (sizing_table(summary), tree_table(summary), acceptance_table(summary)):
         if optional is not None:
             extra_tables.append(optional)
     sweeps = sweep_tables(summary)
@@ -703,9 +757,9 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     for line in result_lines(summary, subtasks=False):
         console.print(line, markup=False, highlight=False)
     console.print(rich_table(main_tables[1]))
-    sized = sizing_table(summary)
-    if sized is not None:
-        console.print(rich_table(sized))
+    for optional in (sizing_table(summary), tree_table(summary)):
+        if optional is not None:
+            console.print(rich_table(optional))
     for table in sweeps:
         console.print(rich_table(table))
     if per_example:

@@ -277,4 +277,9 @@ def _record(
         predicted_tokens=s.predicted_tokens,
         predicted_ms=s.predicted_ms,
         predicted_plain_ms=s.predicted_plain_ms,
+        tree_rounds=s.tree_rounds,
+        tree_nodes=s.tree_nodes,
+        branch_wins=s.branch_wins,
+        tree_fallback=s.tree_fallback,
+        proposer_info=s.proposer_info,
     )

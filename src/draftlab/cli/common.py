@@ -118,6 +118,19 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         "--pld-tokens", type=int, default=DEFAULTS.pld_tokens, help="PLD: most tokens proposed per round"
     )
     g.add_argument(
+        "--tree-budget",
+        type=int,
+        default=DEFAULTS.tree_budget,
+        help="tree methods (pld-tree, sps-tree, hybrid, suffix): verify this many tree nodes every round "
+        "(default: chosen each round from the machine's cost profile; without a profile, a chain)",
+    )
+    g.add_argument(
+        "--tree-width",
+        type=int,
+        default=DEFAULTS.tree_width,
+        help="sps-tree and hybrid: draft candidates per expanded node, and nodes expanded per level",
+    )
+    g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )
     g.add_argument(
@@ -149,6 +162,8 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         use_cache=not args.no_kv_cache,
         draft_confidence=args.draft_confidence,
         fixed_k=args.fixed_k,
+        tree_width=args.tree_width,
+        tree_budget=args.tree_budget,
     )
 
 

@@ -27,10 +27,12 @@ from draftlab.cli.common import (
     sampling_from,
     threshold,
 )
+from draftlab.decode.methods import method_spec
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
-KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing")
+KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing", "tree")
+TREE_METHODS = "pld-tree,sps-tree,hybrid,suffix"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="confidence: draft-confidence thresholds, each run by sps and hf-assisted",
     )
     p.add_argument("--temperatures", default="0,1", help="temperature: values")
+    p.add_argument("--budgets", default="4,8,16,32,64", help="tree: fixed node budgets per round")
+    p.add_argument("--tree-methods", default=TREE_METHODS, help="tree: the tree methods to sweep")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
     add_model_args(p)
     add_method_args(p)
@@ -134,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         return execute(args, "sweep-temperature", variants, baselines, target, draft, examples)
     if args.kind == "sizing":
         return _sizing(args, examples, sampling)
+    if args.kind == "tree":
+        return _tree(args, examples, sampling)
     return _ablation(args, examples, sampling)
 
 
@@ -153,6 +159,32 @@ def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int
                 )
             )
     return execute(args, "sweep-sizing", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+
+
+def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+    """Each tree method at each fixed node budget, against ar, in one interleaved run."""
+    budgets = parse_list(args.budgets, int, "budget")
+    methods = parse_list(args.tree_methods, str, "method")
+    for method in methods:
+        if not method_spec(method).tree:
+            raise DraftlabError(f"'{method}' is not a tree method (tree methods: {TREE_METHODS})")
+    for budget in budgets:
+        if budget < 1:
+            raise DraftlabError(f"tree budget must be >= 1, got {budget}")
+    need_draft = any(method_spec(m).needs_draft for m in methods)
+    target, draft = load_pair(args, need_draft=need_draft)
+    base = decoder_config(args, "ar")
+    variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
+    for method in methods:
+        for budget in budgets:
+            cfg = dataclasses.replace(decoder_config(args, method), tree_budget=budget)
+            variants.append(
+                Variant(f"{method} n={budget}", cfg, target, draft, sampling, variant_params(args, cfg))
+            )
+    extra = {"budgets": budgets, "methods": methods}
+    return execute(
+        args, "sweep-tree", variants, {v.label: "ar" for v in variants}, target, draft, examples, extra
+    )
 
 
 def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from draftlab.decode.sizing import Choice, RoundSizer, Shadow
+from draftlab.decode.sizing import Choice, RoundSizer, Shadow, TreeSizer
 from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
@@ -56,6 +56,13 @@ class GenerationStats:
     predicted_tokens: float = 0.0
     predicted_ms: float = 0.0
     predicted_plain_ms: float = 0.0
+    # Tree proposers: rounds that verified a tree proposal, Σ nodes verified in them, and rounds
+    # whose accepted path went through a node that is not its parent's first child.
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    branch_wins: int = 0
+    tree_fallback: str | None = None  # why a tree method ran chains instead (no 4D-mask support)
+    proposer_info: dict = field(default_factory=dict)  # e.g. which earlier outputs SuffixDecoding used
 
     @property
     def total_s(self) -> float:
@@ -93,6 +100,13 @@ class GenerationStats:
             out[name] = getattr(self, name)
         return out
 
+    def record_tree(self, proposal: Proposal, path: list[int]) -> None:
+        """Tree rounds: nodes verified, and whether the accepted path left the first-child chain."""
+        self.tree_rounds += 1
+        self.tree_nodes += len(proposal.tokens)
+        first = proposal.top_path()
+        self.branch_wins += int(path != first[: len(path)])
+
     def record_round(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
         self.drafted += drafted
@@ -120,6 +134,7 @@ class SpeculativeDecoder:
         rule: AcceptanceRule,
         gamma: int = 4,
         sizer: RoundSizer | None = None,
+        tree_budget: int | None = None,
     ) -> None:
         if gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {gamma}")
@@ -128,6 +143,15 @@ class SpeculativeDecoder:
         self.rule = rule
         self.gamma = gamma
         self.sizer = sizer
+        self.tree_budget = tree_budget
+        # A tree proposer on a model that cannot take a tree mask proposes its best chain.
+        self.trees = proposer.makes_trees
+        self.tree_fallback: str | None = None
+        if self.trees and not target.supports_trees():
+            self.trees, self.tree_budget = False, None
+            self.tree_fallback = "the target cannot verify token trees (no 4D-mask support): chains"
+            if isinstance(sizer, TreeSizer):
+                self.sizer = None
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
 
@@ -184,12 +208,20 @@ class SpeculativeDecoder:
             # The target holds the sequence minus its last token (in round 1, nothing yet): feed
             # what it lacks plus the proposal, and read the rows that score the proposal.
             fed = sequence[target.length :] + proposal.tokens
-            target_logits = target.forward(fed, keep=len(proposal.tokens) + 1)
+            tree = proposal.parents if proposal.is_tree else None
+            target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree)
             verdict = self.rule.verify(proposal, target_logits, params, sampler)
-            new = proposal.tokens[: verdict.accepted]
+            kept = verdict.kept()
+            if tree is not None:
+                target.keep_path(len(sequence), kept)
+            new = [proposal.tokens[i] for i in kept]
             if verdict.next_token is not None:
                 new.append(verdict.next_token)
             stats.record_round(len(proposal.tokens), verdict.accepted)
+            if proposal.parents is not None:
+                stats.record_tree(proposal, kept)
+                if isinstance(self.sizer, TreeSizer):
+                    self.sizer.observe_tree(proposal, kept)
             stats.fallbacks += int(proposal.fell_back)
             stats.rollbacks += int(verdict.next_token is not None and verdict.accepted < len(proposal.tokens))
             if sizer is not None and choice is not None:
@@ -217,6 +249,9 @@ class SpeculativeDecoder:
         stats.new_tokens = len(tokens)
         stats.target_calls = target.forward_calls - target_calls_before
         stats.draft_calls = proposer.forward_calls - draft_calls_before
+        proposer.finish(prompt_ids, tokens)
+        stats.proposer_info = proposer.info()
+        stats.tree_fallback = self.tree_fallback
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Generation(tokens, text, stats)
 
@@ -225,6 +260,8 @@ class SpeculativeDecoder:
     ) -> tuple[Proposal, Choice | None]:
         """This round's proposal, and the sizer's choice of k when rounds are sized."""
         sizer, proposer = self.sizer, self.proposer
+        if self.trees:
+            return self._propose_tree(sequence, budget, params, sampler)
         if sizer is None:
             return proposer.propose(sequence, min(self.gamma, budget), params, sampler), None
         if not sizer.free_drafts:
@@ -241,10 +278,41 @@ class SpeculativeDecoder:
             shadow.begin(proposal.tokens, proposal.kind)
         return proposal.truncate(choice.k), choice
 
+    def _propose_tree(
+        self, sequence: list[int], budget: int, params: SamplingParams, sampler: Sampler
+    ) -> tuple[Proposal, Choice | None]:
+        """A tree round: the proposer's candidate tree, cut to the nodes worth one pass here.
+
+        Without a cost profile the tree is cut to its best chain (as long as γ), and with a fixed
+        `tree_budget` to that many nodes; otherwise the sizer chooses the budget (decode/sizing.py).
+        """
+        sizer, proposer = self.sizer, self.proposer
+        depth = min(self.gamma, budget)
+        if not isinstance(sizer, TreeSizer):
+            proposal = proposer.propose(sequence, depth, params, sampler)
+            if self.tree_budget is not None:
+                return proposal.best(proposal.path_values(proposal.scores or []), self.tree_budget), None
+            return proposal.select(proposal.top_path()[: self.gamma]), None
+        drafted_ms = 0.0
+        if proposer.draft_passes:
+            pending = proposer.lag(sequence)
+            plain = sizer.wants_draft(len(sequence), depth, pending)
+            proposer.use_draft = plain is None
+            if plain is not None and not proposer.has_lookup:
+                return Proposal(parents=[]), plain
+            drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
+        t0 = time.perf_counter()
+        proposal = proposer.propose(sequence, depth, params, sampler)
+        if sizer.free_drafts:
+            sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
+        return sizer.fit(proposal, len(sequence), drafted_ms)
+
     @staticmethod
     def _learn(
         sizer: RoundSizer, shadow: Shadow, proposal: Proposal, accepted: int, written: list[int], probe: bool
     ) -> None:
+        if isinstance(sizer, TreeSizer):
+            return  # trees learn node by node (observe_tree), in the round itself
         sizer.observe(len(proposal.tokens), accepted, proposal.kind, probe)
         # A shadow proposal is judged by the tokens the target wrote instead (free evidence); a
         # speculative round ends it with what it has seen so far.
@@ -254,6 +322,17 @@ class SpeculativeDecoder:
 
     def _cut_at_eos(self, proposal: Proposal) -> Proposal:
         """Nothing after an end-of-sequence token can be kept, so it is not worth verifying."""
+        if proposal.parents is not None:
+            parents, alive = proposal.parents, []
+            ended: set[int] = set()
+            for i, p in enumerate(parents):
+                if p >= 0 and p in ended:
+                    ended.add(i)
+                    continue
+                alive.append(i)
+                if proposal.tokens[i] in self.eos:
+                    ended.add(i)
+            return proposal if len(alive) == len(parents) else proposal.select(alive)
         for i, token in enumerate(proposal.tokens):
             if token in self.eos and i + 1 < len(proposal.tokens):
                 probs = proposal.probs[: i + 1] if proposal.probs is not None else None

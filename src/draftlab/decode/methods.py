@@ -43,6 +43,11 @@ class DecoderConfig:
     # sps and pld: False sizes every round from the machine's cost curve and the acceptance seen
     # so far (k = 0 is a plain target step); True drafts the full γ (or PLD's tokens) every round.
     fixed_k: bool = False
+    # Tree methods: candidates per expanded node and leaves expanded per level (draft trees), and
+    # a fixed node budget per round (None: chosen each round from the cost curve; without a
+    # profile, a chain).
+    tree_width: int = 4
+    tree_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in REGISTRY:
@@ -59,6 +64,10 @@ class DecoderConfig:
             raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
         if self.pld_tokens < 1:
             raise DraftlabError(f"PLD tokens must be >= 1, got {self.pld_tokens}")
+        if self.tree_width < 1:
+            raise DraftlabError(f"tree width must be >= 1, got {self.tree_width}")
+        if self.tree_budget is not None and self.tree_budget < 1:
+            raise DraftlabError(f"tree budget must be >= 1, got {self.tree_budget}")
         if not 0.0 <= self.draft_confidence <= 1.0:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
 
@@ -81,6 +90,8 @@ class DecoderConfig:
         out.update({name: getattr(self, name) for name in self.spec.params})
         if self.spec.cost_aware:
             out["fixed_k"] = self.fixed_k
+        if self.spec.tree:
+            out["tree_budget"] = self.tree_budget
         return out
 
 
@@ -100,6 +111,7 @@ class MethodSpec:
     params: tuple[str, ...] = ()  # the DecoderConfig fields the method reads
     draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
     seed_name: str = ""  # the name the seed reports used ("AS", "SPS", ...)
+    tree: bool = False  # proposes token trees (decoder-only targets)
 
     def __post_init__(self) -> None:
         for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
@@ -166,6 +178,95 @@ def _build_pld(config, target, draft, cost):
         SpeculativeRule(),
         config.pld_tokens,
         sizer,
+    )
+
+
+def _tree_sizer(config: DecoderConfig, cost: CostModel | None, depth: int, free_drafts: bool):
+    if not config.adaptive or cost is None or config.tree_budget is not None:
+        return None
+    from draftlab.decode.sizing import TreeSizer
+
+    return TreeSizer(cost, depth, config.tree_width, free_drafts=free_drafts)
+
+
+def _tree_target(config: DecoderConfig, target: LoadedModel):
+    if target.is_encoder_decoder:
+        raise DraftlabError(
+            f"method '{config.method}' verifies token trees, which needs a decoder-only target; "
+            f"{target.spec.name} is an encoder-decoder model (use the chain methods: sps, pld)"
+        )
+    return _target(config, target)
+
+
+def _draft_tree(config: DecoderConfig, target: LoadedModel, draft: LoadedModel, sizer):
+    from draftlab.models.cached import CachedModel
+    from draftlab.proposers import DraftTreeProposer
+
+    return DraftTreeProposer(
+        CachedModel(draft, use_cache=True),
+        width=config.tree_width,
+        stop_tokens=frozenset(target.eos_token_ids),
+        lazy_prefill=sizer is not None,
+        depth=config.gamma,
+    )
+
+
+def _build_pld_tree(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers import LookupTreeProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    sizer = _tree_sizer(config, cost, config.pld_tokens, free_drafts=True)
+    proposer = LookupTreeProposer(config.max_ngram, depth=config.pld_tokens)
+    return SpeculativeDecoder(
+        _tree_target(config, target),
+        proposer,
+        SpeculativeRule(),
+        config.pld_tokens,
+        sizer,
+        config.tree_budget,
+    )
+
+
+def _build_sps_tree(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.verify.rules import SpeculativeRule
+
+    main = _tree_target(config, target)
+    sizer = _tree_sizer(config, cost, config.gamma, free_drafts=False)
+    proposer = _draft_tree(config, target, draft, sizer)
+    return SpeculativeDecoder(main, proposer, SpeculativeRule(), config.gamma, sizer, config.tree_budget)
+
+
+def _build_hybrid(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers import HybridTreeProposer, LookupTreeProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    main = _tree_target(config, target)
+    sizer = _tree_sizer(config, cost, config.gamma, free_drafts=False)
+    proposer = HybridTreeProposer(
+        _draft_tree(config, target, draft, sizer),
+        LookupTreeProposer(config.max_ngram, depth=config.pld_tokens),
+    )
+    depth = max(config.gamma, config.pld_tokens)
+    return SpeculativeDecoder(main, proposer, SpeculativeRule(), depth, sizer, config.tree_budget)
+
+
+def _build_suffix(config, target, draft, cost):
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers import SuffixProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    sizer = _tree_sizer(config, cost, config.pld_tokens, free_drafts=True)
+    proposer = SuffixProposer(max_depth=config.pld_tokens)
+    return SpeculativeDecoder(
+        _tree_target(config, target),
+        proposer,
+        SpeculativeRule(),
+        config.pld_tokens,
+        sizer,
+        config.tree_budget,
     )
 
 
@@ -237,6 +338,48 @@ REGISTRY: dict[str, MethodSpec] = {
             seed_name="PLD",
         ),
         MethodSpec(
+            "pld-tree",
+            "prompt lookup with every earlier match merged into one verified token tree",
+            _build_pld_tree,
+            cost_aware=True,
+            params=("max_ngram", "pld_tokens", "tree_budget"),
+            draft_length="pld_tokens",
+            seed_name="PLD-Tree",
+            tree=True,
+        ),
+        MethodSpec(
+            "sps-tree",
+            "draft-model token trees, expanded by draft probability as in EAGLE-2",
+            _build_sps_tree,
+            needs_draft=True,
+            cost_aware=True,
+            params=("gamma", "tree_width", "tree_budget"),
+            draft_length="gamma",
+            seed_name="SPS-Tree",
+            tree=True,
+        ),
+        MethodSpec(
+            "hybrid",
+            "the prompt-lookup tree and the draft tree merged into one token tree",
+            _build_hybrid,
+            needs_draft=True,
+            cost_aware=True,
+            params=("gamma", "tree_width", "max_ngram", "pld_tokens", "tree_budget"),
+            draft_length="gamma",
+            seed_name="Hybrid",
+            tree=True,
+        ),
+        MethodSpec(
+            "suffix",
+            "SuffixDecoding (Oliaro et al. 2024): trees from the prompt and earlier outputs of the run",
+            _build_suffix,
+            cost_aware=True,
+            params=("pld_tokens", "tree_budget"),
+            draft_length="pld_tokens",
+            seed_name="Suffix",
+            tree=True,
+        ),
+        MethodSpec(
             "hf-greedy", "Hugging Face generate()", _build_hf_greedy, speculative=False, seed_name="HF"
         ),
         MethodSpec(
@@ -283,7 +426,7 @@ def build_decoder(
         raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
     draft = draft if spec.needs_draft else None
     main = spec.build(config, target, draft, cost)
-    if not alternatives or not config.adaptive or cost is None:
+    if not alternatives or getattr(main, "sizer", None) is None:
         return main
     from draftlab.decode.router import DtypeRouter
 

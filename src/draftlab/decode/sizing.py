@@ -137,6 +137,10 @@ class Evidence:
     # copies of a routed method: it captures this run's conditions (load, Python overhead), which
     # they have in common, and a copy that was never chosen must not look cheaper for lack of it.
     calibration: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})
+    # Tree methods: node-score calibration per source, and the running (E[tokens], nodes) that
+    # recent tree rounds were expected to bring.
+    tree_scores: dict = field(default_factory=dict)
+    tree_gain: list[float] = field(default_factory=list)
 
 
 class RoundSizer:
@@ -344,3 +348,156 @@ def break_even_alpha(cost: CostModel, k: int, context: int) -> float | None:
         else:
             high = mid
     return high
+
+
+# Tree rounds: node scores (draft probability, match frequency) are calibrated against what the
+# target accepted, per source and score bucket, with the score itself as the prior (EAGLE-2
+# observed that draft confidence tracks acceptance); the score counts as this many rounds.
+SCORE_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
+SCORE_PRIOR_WEIGHT = 2.0
+# The node budgets a tree round chooses among (0 is a plain target step).
+TREE_BUDGETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+TREE_SMOOTHING = 0.1  # how fast the expected gain of a tree round follows recent rounds
+
+
+@dataclass
+class _Calibration:
+    reached: list[float] = field(default_factory=lambda: [0.0] * (len(SCORE_BUCKETS) + 1))
+    accepted: list[float] = field(default_factory=lambda: [0.0] * (len(SCORE_BUCKETS) + 1))
+
+
+def _bucket(score: float) -> int:
+    for i, edge in enumerate(SCORE_BUCKETS):
+        if score < edge:
+            return i
+    return len(SCORE_BUCKETS)
+
+
+class TreeSizer(RoundSizer):
+    """Chooses each round's node budget N from the cost curve and the calibrated node scores.
+
+    The proposer builds a candidate tree; each node's chance of being accepted is estimated as
+    the calibrated score of every node on its path, and the N most likely nodes are verified,
+    with N maximising E[tokens | N] / cost(N), where E = 1 + Σ of those chances and the cost is
+    a verification pass over N + 1 tokens (plus, for a free proposer, its own time). N = 0 is a
+    plain step. For a draft-model tree, whose drafting costs passes, the decision to draft at all
+    is made before drafting, from the gain recent tree rounds were expected to bring, with rare
+    probe rounds when drafting does not pay. As for chains, every choice depends only on the
+    history, never on the round's own draws, so the rule's exactness holds for each round.
+    """
+
+    def __init__(self, cost: CostModel, depth: int, width: int, free_drafts: bool, **kwargs) -> None:
+        super().__init__(cost, k_max=depth, free_drafts=free_drafts, **kwargs)
+        self.width = width
+
+    @property
+    def scores(self) -> dict[str, _Calibration]:
+        return self.evidence.tree_scores
+
+    @property
+    def gain(self) -> tuple[float, float] | None:
+        """The running (E[tokens], nodes) of fitted trees; None before the first."""
+        g = self.evidence.tree_gain
+        return (g[0], g[1]) if g else None
+
+    # -- calibration -------------------------------------------------------------------------
+    def _key(self, proposal, i: int) -> str:
+        source = proposal.sources[i] if proposal.sources else "tree"
+        return source if source == "draft" or not proposal.kind else f"{source}|{proposal.kind}"
+
+    def accept_chance(self, key: str, score: float) -> float:
+        cal = self.scores.get(key)
+        b = _bucket(score)
+        if cal is None:
+            return score
+        return (cal.accepted[b] + SCORE_PRIOR_WEIGHT * score) / (cal.reached[b] + SCORE_PRIOR_WEIGHT)
+
+    def observe_tree(self, proposal, path: list[int]) -> None:
+        """Every node whose parent was accepted was reached; those on the path were accepted."""
+        if not proposal.tokens:
+            return
+        on_path = set(path)
+        scores = proposal.scores or [1.0] * len(proposal.tokens)
+        for i, p in enumerate(proposal.parent_list()):
+            if p >= 0 and p not in on_path:
+                continue
+            cal = self.scores.setdefault(self._key(proposal, i), _Calibration())
+            b = _bucket(scores[i])
+            cal.reached[b] += 1
+            cal.accepted[b] += float(i in on_path)
+
+    # -- choices -----------------------------------------------------------------------------
+    def tree_draft_ms(self, context: int, pending: int) -> float:
+        """A draft tree: one catch-up pass, then a pass over `width` leaves per further level."""
+        if self.cost.draft is None:
+            return 0.0
+        first = self.cost.draft_ms(1, context, pending)
+        return first + (self.k_max - 1) * self.cost.draft.forward_ms(self.width, context)
+
+    def _round_rate(self, tokens: float, nodes: float, context: int, pending: int) -> float:
+        verify_ms, _ = self._costs()
+        n = max(1, round(nodes))
+        cost = verify_ms(n + 1, context) + (0.0 if self.free_drafts else self.tree_draft_ms(context, pending))
+        return tokens / cost
+
+    def wants_draft(self, context: int, limit: int, pending: int = 2) -> Choice | None:
+        """Before a draft-model tree: None to draft, or the plain step to take instead."""
+        verify_ms, _ = self._costs()
+        plain = self.cost.verify_ms(1, context)
+        self.evidence.rounds += 1
+        if limit <= 0:
+            return Choice(0, 1.0, verify_ms(1, context), plain)
+        if self.gain is None or self._round_rate(*self.gain, context, pending) > 1.0 / verify_ms(1, context):
+            return None
+        self._since_probe += 1
+        extra = self.tree_draft_ms(context, pending) + verify_ms(round(self.gain[1]) + 1, context) - plain
+        gap = max(PROBE_MIN_GAP, math.ceil(extra / (PROBE_BUDGET * plain))) * min(
+            2**self._misses, PROBE_BACKOFF
+        )
+        if self._since_probe >= gap:
+            self._since_probe = 0
+            return None
+        return Choice(0, 1.0, verify_ms(1, context), plain)
+
+    def fit(self, proposal, context: int, drafted_ms: float = 0.0):
+        """The sub-tree worth verifying now, and the choice made (drafting is already paid)."""
+        verify_ms, _ = self._costs()
+        plain = self.cost.verify_ms(1, context)
+        if self.free_drafts:
+            self.evidence.rounds += 1
+        if not proposal.tokens:
+            return proposal, Choice(0, 1.0, verify_ms(1, context), plain)
+        self.evidence.rounds_with_proposal += 1
+        scores = proposal.scores or [1.0] * len(proposal.tokens)
+        chances = [self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
+        values = proposal.path_values(chances)
+        ranked = sorted(values, reverse=True)
+        overhead = self.propose_ms if self.free_drafts else 0.0
+        best_n, best_tokens, best_cost = 0, 1.0, verify_ms(1, context) + overhead
+        for n in TREE_BUDGETS[1:]:
+            if n > len(ranked):
+                break
+            tokens = 1.0 + sum(ranked[:n])
+            cost = verify_ms(n + 1, context) + overhead
+            if tokens / cost > best_tokens / best_cost * (1 + 1e-9):
+                best_n, best_tokens, best_cost = n, tokens, cost
+        if len(ranked) not in TREE_BUDGETS and len(ranked) < TREE_BUDGETS[-1]:
+            tokens, cost = 1.0 + sum(ranked), verify_ms(len(ranked) + 1, context) + overhead
+            if tokens / cost > best_tokens / best_cost * (1 + 1e-9):
+                best_n, best_tokens, best_cost = len(ranked), tokens, cost
+        # What a tree round is expected to bring, for the next decision to draft.
+        full = (best_tokens, float(best_n)) if best_n else (1.0 + ranked[0], 1.0)
+        gain = self.evidence.tree_gain
+        if not gain:
+            gain.extend(full)
+        else:
+            gain[:] = [g + TREE_SMOOTHING * (f - g) for g, f in zip(gain, full, strict=True)]
+        chosen = proposal.best(values, best_n) if best_n else proposal.select([])
+        return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
+
+    def tokens_per_ms(self, context: int) -> float:
+        verify_ms, _ = self._costs()
+        plain = 1.0 / verify_ms(1, context)
+        if self.gain is None:
+            return plain
+        return max(plain, self._round_rate(*self.gain, context, 2))

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
+from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 
 
@@ -28,6 +29,8 @@ class CachedModel:
         self._cache: DynamicCache | EncoderDecoderCache | None = None
         self._encoder_out: BaseModelOutput | None = None
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
+        self._tree_ok: bool | None = None
+        self._tree: _TreeArea | None = None  # the token tree being fed, if any
 
     @property
     def length(self) -> int:
@@ -38,6 +41,7 @@ class CachedModel:
     def start(self, prompt_ids: list[int]) -> list[int]:
         """Reset for a new prompt and return the sequence's prefix (nothing is fed yet)."""
         self._tokens = []
+        self._tree = None
         self._encoder_out = None
         config = self.model.config
         if self.lm.is_encoder_decoder:
@@ -57,12 +61,23 @@ class CachedModel:
         return list(prompt_ids)
 
     @torch.inference_mode()
-    def forward(self, new_ids: list[int], keep: int | None = None) -> torch.Tensor:
+    def forward(
+        self, new_ids: list[int], keep: int | None = None, tree: list[int] | None = None
+    ) -> torch.Tensor:
         """Logits [k, V] for the k new tokens, or for only the last `keep` of them.
 
         Asking only for the rows that are needed skips the output layer on the others, which
         matters for a long prompt fed together with a proposal.
+
+        `tree` gives the parents of the last len(tree) new tokens, which then form a token tree
+        hanging from the token before them: one pass scores every branch, each node seeing the
+        sequence and its own ancestors only (an additive 4D mask and explicit positions, as
+        SpecInfer and Medusa verify trees). A parent index counts the nodes of the current tree
+        (-1 is its root), so a draft can grow a tree level by level over several calls; a call
+        that feeds chain tokens first starts a new tree. Until `keep_path` or `crop`, the cache
+        holds every node fed.
         """
+        start = len(self._tokens)
         self._tokens.extend(new_ids)
         if self.use_cache:
             feed = torch.tensor([new_ids], device=self.device)
@@ -72,6 +87,17 @@ class CachedModel:
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
+        if tree is None:
+            self._tree = None
+        else:
+            if not self.use_cache or self._encoder_out is not None:
+                raise DraftlabError("token trees need a decoder-only model with a KV cache")
+            n_chain = len(new_ids) - len(tree)
+            if self._tree is None or n_chain > 0:
+                self._tree = _TreeArea(start + n_chain)
+            mask, positions = self._tree.extend(start, n_chain, tree, self.model.dtype)
+            kwargs["attention_mask"] = mask.to(self.device)
+            kwargs["position_ids"] = positions.to(self.device)
         if self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
         else:
@@ -79,11 +105,108 @@ class CachedModel:
         self.forward_calls += 1
         return out.logits[0, -keep:]
 
+    @torch.inference_mode()
+    def keep_path(self, base: int, path: list[int]) -> None:
+        """After a tree pass whose nodes start at `base`: keep only the nodes in `path`, in order.
+
+        The kept nodes' keys and values move down to base, base + 1, ... in every layer of the
+        cache, and the rest is cropped, so the cache is that of the path fed alone.
+        """
+        tokens = [self._tokens[base + i] for i in path]
+        if self._cache is not None and path != list(range(len(path))):
+            src = torch.tensor([base + i for i in path], device=self.device)
+            for layer in _cache_layers(self._cache):
+                if layer.keys is None or layer.keys.numel() == 0:
+                    continue
+                dst = slice(base, base + len(path))
+                layer.keys[..., dst, :] = layer.keys.index_select(-2, src.to(layer.keys.device))
+                layer.values[..., dst, :] = layer.values.index_select(-2, src.to(layer.values.device))
+        self.crop(base + len(path))
+        self._tokens[base:] = tokens
+
+    def supports_trees(self) -> bool:
+        """Whether a tree pass scores each branch as that branch alone would be (checked once).
+
+        Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
+        custom 4D mask fail this, and tree methods then fall back to chains.
+        """
+        if self._tree_ok is None:
+            self._tree_ok = self._check_trees()
+        return self._tree_ok
+
+    def _check_trees(self) -> bool:
+        if not self.use_cache or self.lm.is_encoder_decoder:
+            return False
+        saved = (self._tokens, self._cache, self._encoder_out, self.forward_calls)
+        vocab = int(self.lm.vocab_size)
+        prefix = [(7 * i + 3) % vocab for i in range(5)]
+        nodes = [(11 * i + 5) % vocab for i in range(4)]  # root -> a -> b, root -> c -> d
+        parents = [-1, 0, -1, 2]
+        try:
+            self.start(prefix)
+            self.forward(prefix[:-1])
+            tree = self.forward(prefix[-1:] + nodes, tree=parents).float()
+            ok = True
+            for branch in ([0, 1], [2, 3]):
+                self.start(prefix)
+                self.forward(prefix[:-1])
+                alone = self.forward(prefix[-1:] + [nodes[i] for i in branch]).float()
+                rows = [0] + [i + 1 for i in branch]
+                ok = ok and torch.allclose(tree[rows], alone, atol=1e-3, rtol=1e-3)
+        except Exception:  # noqa: BLE001 - any failure of a custom mask means: no trees here
+            ok = False
+        finally:
+            self._tokens, self._cache, self._encoder_out, self.forward_calls = saved
+        return ok
+
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens of the sequence."""
         drop = len(self._tokens) - length
+        self._tree = None
         if drop <= 0:
             return
         del self._tokens[length:]
         if self._cache is not None:
             self._cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
+
+
+class _TreeArea:
+    """The nodes of one token tree in the cache: slots base, base + 1, ... in feeding order."""
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.parents: list[int] = []
+        self.depth: list[int] = []
+        self.ancestors: list[list[int]] = []  # per node: its ancestors and itself
+
+    def extend(
+        self, past: int, n_chain: int, parents: list[int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add nodes; the additive mask [1, 1, n, past + n] and positions [1, n] of this call's
+        n = n_chain + len(parents) tokens: chain tokens first (causal), then the new nodes."""
+        first = len(self.parents)
+        size = first + len(parents)
+        for i, p in enumerate(parents, start=first):
+            if not -1 <= p < i:
+                raise ValueError(f"tree node {i} has parent {p}: parents must come before their children")
+            self.parents.append(p)
+            self.depth.append(self.depth[p] + 1 if p >= 0 else 1)
+            self.ancestors.append((self.ancestors[p] if p >= 0 else []) + [i])
+        n_new = n_chain + len(parents)
+        allowed = torch.ones(n_new, past + n_new, dtype=torch.bool).tril(diagonal=past)
+        for j in range(first, size):
+            r = n_chain + j - first
+            allowed[r, self.base :] = False
+            allowed[r, [self.base + a for a in self.ancestors[j]]] = True
+        mask = torch.zeros(n_new, past + n_new, dtype=dtype)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = list(range(past, past + n_chain)) + [
+            self.base - 1 + self.depth[j] for j in range(first, size)
+        ]
+        return mask[None, None], torch.tensor([positions])
+
+
+def _cache_layers(cache):
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    return cache.layers

@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import torch
-
+from draftlab.proposal import Proposal
 from draftlab.sampling import Sampler, SamplingParams
 
-
-@dataclass
-class Proposal:
-    tokens: list[int] = field(default_factory=list)
-    # The (warped) draft distribution each token was drawn from, [k, V]; None means the
-    # proposer is deterministic, i.e. q is one-hot on the proposed token.
-    probs: torch.Tensor | None = None
-    # BiLD: the small model stopped because it was unsure, so the target writes the next token.
-    fell_back: bool = False
-    # What sort of evidence the proposal rests on (prompt lookup: the n-gram length matched), so
-    # that acceptance can be estimated per sort; None where there is one sort only.
-    kind: str | None = None
-
-    def truncate(self, k: int) -> Proposal:
-        if k >= len(self.tokens):
-            return self
-        probs = self.probs[:k] if self.probs is not None and k else None
-        return Proposal(self.tokens[:k], probs, self.fell_back, self.kind)
+__all__ = ["NoProposer", "Proposal", "Proposer"]
 
 
 class Proposer:
     """Suggests up to k tokens that continue `sequence`. Stateless proposers need no start/rollback."""
 
     forward_calls: int = 0
+    makes_trees: bool = False  # proposes token trees (Proposal.parents)
+    draft_passes: bool = False  # proposing costs draft-model passes (the sizer decides whether to draft)
+    has_lookup: bool = False  # a draft-model tree that can still propose from lookups without drafting
+    use_draft: bool = True  # set before each round when `draft_passes`
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
         """A new generation: `prompt_ids` is the user's prompt, `prefix` the target's sequence start."""
@@ -45,6 +29,13 @@ class Proposer:
     def lag(self, sequence: list[int]) -> int:
         """Tokens of `sequence` a model-based proposer has not consumed yet (its next pass feeds them)."""
         return 0
+
+    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A generation ended with `output_ids` (a proposer may learn from earlier outputs)."""
+
+    def info(self) -> dict:
+        """What the report should say about this generation's proposals (empty: nothing)."""
+        return {}
 
 
 class NoProposer(Proposer):

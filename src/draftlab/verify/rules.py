@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftlab.proposers.base import Proposal
+from draftlab.proposal import Proposal
 from draftlab.sampling import Sampler, SamplingParams, warp_probs
 
 
@@ -20,6 +20,11 @@ from draftlab.sampling import Sampler, SamplingParams, warp_probs
 class Verdict:
     accepted: int  # how many proposed tokens are kept
     next_token: int | None  # the target's token after them (correction or bonus), if it writes one
+    # Tree proposals: the accepted nodes, root to leaf (a chain's are its first `accepted`).
+    path: list[int] | None = None
+
+    def kept(self) -> list[int]:
+        return self.path if self.path is not None else list(range(self.accepted))
 
 
 class AcceptanceRule:
@@ -31,9 +36,22 @@ class AcceptanceRule:
 
 
 class SpeculativeRule(AcceptanceRule):
+    """Chains: Leviathan et al.'s rule. Trees: the same rule applied recursively over a node's
+    children (SpecInfer's multi-step speculative sampling, Miao et al. 2024, Theorem 4.2; the
+    recursive rejection sampling of Jeon et al. 2024): try the children in order, each against
+    the residual the rejections before it left, and sample the residual if all are rejected.
+
+    Each try is one exact speculative step for the current residual (its candidate drawn from
+    its own q, independent of the target's coins), so the token emitted at every node is
+    distributed as the target's. A deterministic child has a one-hot q: it is accepted with the
+    residual's probability of its token, and a rejection zeroes that token.
+    """
+
     def verify(
         self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
     ) -> Verdict:
+        if proposal.is_tree:
+            return self.verify_tree(proposal, target_logits, params, sampler)
         k = len(proposal.tokens)
         if params.greedy:
             # Accept the longest prefix on which the draft agrees with the target's argmax.
@@ -50,6 +68,35 @@ class SpeculativeRule(AcceptanceRule):
                 continue
             return Verdict(i, sampler.draw(self.residual(p[i], proposal, i, token)))
         return Verdict(k, sampler.draw(p[k]))
+
+    def verify_tree(
+        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+    ) -> Verdict:
+        """`target_logits` is [n+1, V]: row 0 scores the root's children, row i+1 node i's."""
+        children = proposal.children()
+        tokens = proposal.tokens
+        path: list[int] = []
+        node = -1
+        if params.greedy:
+            best = torch.argmax(target_logits, dim=-1).tolist()
+            while True:
+                want = best[node + 1]
+                node = next((c for c in children[node] if tokens[c] == want), None)
+                if node is None:
+                    return Verdict(len(path), want, path)
+                path.append(node)
+        while True:
+            p = warp_probs(target_logits[node + 1], params)
+            for child in children[node]:
+                token = tokens[child]
+                q_tok = 1.0 if proposal.probs is None else proposal.probs[child, token].item()
+                if sampler.uniform(p.device) * q_tok < p[token].item():
+                    path.append(child)
+                    node = child
+                    break
+                p = self.residual(p, proposal, child, token)
+            else:
+                return Verdict(len(path), sampler.draw(p), path)
 
     @staticmethod
     def residual(p_row: torch.Tensor, proposal: Proposal, i: int, token: int) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""Prompt-lookup trees: every earlier match of the current n-gram, merged into one tree.
+
+Prompt lookup (`ngram.py`) copies what followed the most recent match only; when the context
+holds several matches that disagree, the tree keeps them all, most frequent first, and one
+target pass verifies every one of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from draftlab.proposal import Proposal
+from draftlab.proposers.base import Proposer
+from draftlab.proposers.trie import ContinuationTrie, find_matches
+from draftlab.sampling import Sampler, SamplingParams
+
+# The most nodes a lookup tree offers the sizer; it verifies fewer when the cost curve says so.
+MAX_TREE_NODES = 64
+
+
+class LookupTreeProposer(Proposer):
+    """Longest n-gram with any match (down to `min_ngram`); all its matches, up to `depth` tokens each."""
+
+    makes_trees = True
+
+    def __init__(
+        self, max_ngram: int = 3, min_ngram: int = 1, depth: int = 10, max_nodes: int = MAX_TREE_NODES
+    ):
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.depth = depth
+        self.max_nodes = max_nodes
+        self._prompt: list[int] = []
+        self._prefix_len = 0
+
+    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
+        # An encoder-decoder's prompt is not in the decoder sequence; search it too.
+        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
+        self._prefix_len = len(prefix)
+
+    def context(self, sequence: list[int]) -> np.ndarray:
+        tokens = self._prompt + sequence[self._prefix_len :] if self._prompt else sequence
+        return np.asarray(tokens, dtype=np.int64)
+
+    def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+        if k <= 0:
+            return Proposal(parents=[])
+        context = self.context(sequence)
+        depth = min(k, self.depth)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            hits = find_matches(context, context[-n:])
+            if hits.size == 0:
+                continue
+            trie = ContinuationTrie()
+            for start in hits + n:  # oldest first, so that ties go to the most recent match
+                trie.add(context[start : start + depth].tolist())
+            proposal, _ = trie.proposal(self.max_nodes, depth, kind=f"{n}-gram tree", source="lookup")
+            return proposal
+        return Proposal(parents=[])

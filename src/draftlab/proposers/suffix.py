@@ -1,0 +1,103 @@
+"""SuffixDecoding (Oliaro et al. 2024): speculation trees from the prompt and earlier outputs.
+
+The longest suffix of the current text that occurred before, in the prompt, in the text written
+so far or in the outputs of earlier requests of the same run, is looked up; everything that
+followed its occurrences is merged into a frequency-weighted tree. How deep the tree may go
+grows with the length of that match (the paper's MAX_SPEC = α·p), and branches whose estimated
+probability falls below a floor are pruned. Outputs of a request with the same prompt are never
+used (in a benchmark that would be the answer itself); the proposer records which earlier
+outputs its proposals drew on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from draftlab.proposal import Proposal
+from draftlab.proposers.base import Proposer
+from draftlab.proposers.trie import ContinuationTrie
+from draftlab.sampling import Sampler, SamplingParams
+
+MAX_TREE_NODES = 64
+
+
+class SuffixProposer(Proposer):
+    makes_trees = True
+
+    def __init__(
+        self,
+        max_pattern: int = 32,
+        depth_factor: float = 1.0,
+        max_depth: int = 16,
+        min_score: float = 0.1,
+        max_nodes: int = MAX_TREE_NODES,
+    ) -> None:
+        self.max_pattern = max_pattern
+        self.depth_factor = depth_factor
+        self.max_depth = max_depth
+        self.min_score = min_score
+        self.max_nodes = max_nodes
+        self._outputs: list[tuple[int, str, np.ndarray]] = []  # (prompt key, label, tokens)
+        self._prompt: list[int] = []
+        self._prefix_len = 0
+        self._key = 0
+        self.used: dict[str, int] = {}
+
+    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
+        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
+        self._prefix_len = len(prefix)
+        self._key = hash(tuple(prompt_ids))
+        self.used = {}
+
+    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        if output_ids:
+            label = f"output #{len(self._outputs) + 1}"
+            self._outputs.append((hash(tuple(prompt_ids)), label, np.asarray(output_ids, dtype=np.int64)))
+
+    def info(self) -> dict:
+        return {"earlier_outputs_used": dict(self.used), "earlier_outputs_held": len(self._outputs)}
+
+    def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+        if k <= 0:
+            return Proposal(parents=[])
+        own = np.asarray(
+            self._prompt + sequence[self._prefix_len :] if self._prompt else sequence, dtype=np.int64
+        )
+        docs = [("context", own[:-1])] + [
+            (label, tokens) for key, label, tokens in self._outputs if key != self._key
+        ]
+        length, ends = _longest_match(docs, own, self.max_pattern)
+        if not length:
+            return Proposal(parents=[])
+        depth = min(k, self.max_depth, max(1, math.ceil(self.depth_factor * length)))
+        trie = ContinuationTrie()
+        for (label, tokens), doc_ends in zip(docs, ends, strict=True):
+            source = tokens if label != "context" else own
+            for end in doc_ends[doc_ends < len(source)]:
+                trie.add(source[end : end + depth].tolist(), origin=label)
+        proposal, origins = trie.proposal(
+            self.max_nodes, depth, kind=f"suffix {min(length, 4)}", source="suffix", min_score=self.min_score
+        )
+        for label in origins - {"context"}:
+            self.used[label] = self.used.get(label, 0) + 1
+        return proposal
+
+
+def _longest_match(
+    docs: list[tuple[str, np.ndarray]], text: np.ndarray, max_pattern: int
+) -> tuple[int, list[np.ndarray]]:
+    """The longest suffix of `text` (up to `max_pattern`) found in any doc, and per doc the
+    indices just after each of its occurrences (where a continuation starts)."""
+    best_len, best = 0, [np.empty(0, dtype=np.int64) for _ in docs]
+    ends = [np.flatnonzero(tokens == text[-1]) + 1 for _, tokens in docs]
+    for length in range(1, min(max_pattern, len(text) - 1) + 1):
+        if length > 1:
+            want = text[-length]
+            ends = [e[(e - length >= 0)] for e in ends]
+            ends = [e[tokens[e - length] == want] for e, (_, tokens) in zip(ends, docs, strict=True)]
+        if not any(e.size for e in ends):
+            break
+        best_len, best = length, ends
+    return best_len, best
