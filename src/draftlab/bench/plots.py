@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from draftlab.decode.methods import is_speculative
+from draftlab.files import atomic_path
 
 SPEEDUP_PNG = "speedup_by_subtask.png"
 ACCEPTANCE_PNG = "acceptance_vs_gamma.png"
@@ -92,7 +93,8 @@ def _legend(ax, entries: int) -> None:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     return path
 
 

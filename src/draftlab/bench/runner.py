@@ -27,6 +27,7 @@ from draftlab.bench.suites import Example
 from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
 from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
+from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel
 from draftlab.models.prompting import Message, encode_prompt
 from draftlab.sampling import SamplingParams
@@ -117,7 +118,7 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
                 f"'{directory}' already holds results: pass --resume to continue, or another --out"
             )
         info.save(directory)
-        results.write_text("")
+        write_text(results, "")
         return []
     if (directory / RUN_FILE).exists():
         changed = changed_settings(RunInfo.load(directory), info)
@@ -126,7 +127,7 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
     info.save(directory)
     done = read_records(results)
     # Drop a torn last line so that appends start on a fresh line.
-    results.write_text("".join(r.to_json() + "\n" for r in done), encoding="utf-8")
+    write_text(results, "".join(r.to_json() + "\n" for r in done))
     return done
 
 

@@ -8,6 +8,8 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
@@ -31,6 +33,7 @@ from draftlab.cli.common import (
 from draftlab.cli.console import report_console
 from draftlab.decode.methods import METHODS, method_spec
 from draftlab.errors import DraftlabError
+from draftlab.files import LOCK_FILE, folder_lock
 from draftlab.models.loading import DTYPES, LoadedModel
 from draftlab.models.profile import hardware, supported_dtypes
 
@@ -111,8 +114,36 @@ def check_out(args: argparse.Namespace) -> None:
         raise DraftlabError(f"--out '{out}' is not writable ('{existing}' does not allow it)")
 
 
-def run(args: argparse.Namespace) -> int:
+@contextmanager
+def claimed_out(args: argparse.Namespace, kind: str) -> Iterator[Path]:
+    """Check --out, then hold it (created if needed) for the whole run: one writer per folder.
+
+    A folder this run created is removed again if the run fails before writing anything into it.
+    """
     check_out(args)
+    if not args.out:
+        args.out = str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out)
+    created = [p for p in [out, *out.parents] if not p.exists()]  # the folder first, then its parents
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with folder_lock(out):
+            yield out
+    except BaseException:
+        if created:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            with suppress(OSError):
+                for folder in created:
+                    folder.rmdir()  # only while empty: nothing the run wrote is removed
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    with claimed_out(args, "bench"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)
@@ -201,9 +232,7 @@ def execute(
     examples,
     extra: dict | None = None,
 ) -> int:
-    out = Path(args.out) if args.out else Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.resume and not args.out:
-        raise DraftlabError("--resume needs --out (the folder of the run to continue)")
+    out = Path(args.out)  # set and held by claimed_out
     plan = BenchPlan(
         variants,
         examples,

@@ -9,7 +9,7 @@ from draftlab.bench.runner import Variant
 from draftlab.cli.bench import (
     add_run_args,
     add_suite_args,
-    check_out,
+    claimed_out,
     execute,
     parse_list,
     suite_examples,
@@ -59,7 +59,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_out(args)
+    with claimed_out(args, "ablation" if args.kind == "ablation" else f"sweep-{args.kind}"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):

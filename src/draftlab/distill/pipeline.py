@@ -16,6 +16,7 @@ import torch
 from draftlab.distill import data as D
 from draftlab.distill import train as T
 from draftlab.errors import DraftlabError
+from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
 
 TOKENIZER_FILES = (
@@ -352,8 +353,8 @@ def _write_recipe(out, args, config, cfg, data_summary, step, extra, evaluation,
         "evaluation": evaluation,
         "torch": torch.__version__,
     }
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str) + "\n")
-    (out / "README.md").write_text(_readme(recipe))
+    write_text(out / "recipe.json", json.dumps(recipe, indent=2, default=str) + "\n")
+    write_text(out / "README.md", _readme(recipe))
 
 
 def _readme(recipe: dict) -> str:

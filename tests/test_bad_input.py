@@ -1,0 +1,156 @@
+"""Bad input to the real CLI: exit code 2, one line on stderr naming the value, no traceback, no file changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftlab.cli import main
+from draftlab.files import LOCK_FILE, PID_FILE, atomic_path, folder_lock
+
+ROWS = [
+    {"id": "s1", "category": "summarization", "prompt": "the cat sat on the mat and then the dog ran"},
+    {"id": "q1", "category": "qa", "prompt": "the big red tree and the small blue house"},
+]
+
+
+@pytest.fixture()
+def suite(tmp_path):
+    path = tmp_path / "suite.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def bench(tiny_pair, suite, out, *extra):
+    target, draft = tiny_pair["llama"]
+    return [
+        "bench",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--dtype",
+        "float32",
+        "--suite",
+        str(suite),
+        "--full",
+        "--max-new-tokens",
+        "4",
+        "--methods",
+        "ar,sps",
+        "--out",
+        str(out),
+        "--quiet",
+        "--warmup",
+        "0",
+        *extra,
+    ]
+
+
+def refused(capsys, argv, *fragments) -> str:
+    """The in-process CLI: exit 2, exactly one line on stderr, no traceback, every fragment named."""
+    assert main(argv) == 2
+    return one_line(capsys.readouterr().err, fragments)
+
+
+def one_line(err: str, fragments) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("draftlab: error:") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m draftlab.cli ...` in a child process: the real entry point, exit code and stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's content and mtime, the lock file aside (it stays, by design, and holds nothing)."""
+    return {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != LOCK_FILE
+    }
+
+
+# ---------------------------------------------------------------- one writer per folder
+
+
+def test_a_second_run_into_a_held_folder_names_the_holder(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with folder_lock(out):
+        # The real command in a child process: the lock is refused before any model loads.
+        done = cli("bench", "--target", str(tmp_path / "missing"), "--out", str(out))
+        assert done.returncode == 2, done.stderr
+        one_line(done.stderr, [str(out), f"pid {os.getpid()}", "in use"])
+        done = cli("sweep", "gamma", "--target", str(tmp_path / "missing"), "--out", str(out))
+        assert done.returncode == 2, done.stderr
+        one_line(done.stderr, [f"pid {os.getpid()}"])
+    assert not (out / PID_FILE).exists(), "the holder's pid file goes with its lock"
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_resume(tiny_pair, suite, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from draftlab.files import folder_lock\n"
+            "with folder_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert holder.stdout.readline().strip() == "held"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert (out / PID_FILE).read_text().strip() == str(holder.pid), "kill -9 leaves the pid file behind"
+    assert main(bench(tiny_pair, suite, out, "--resume")) == 0
+    assert (out / "report.md").exists()
+    assert not (out / PID_FILE).exists()
+
+
+def test_a_failed_run_removes_the_folder_it_created(capsys, tmp_path):
+    out = tmp_path / "new" / "run"
+    refused(
+        capsys,
+        ["bench", "--target", str(tmp_path / "missing"), "--methods", "ar", "--out", str(out)],
+        "missing",
+    )
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
