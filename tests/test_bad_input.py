@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny import make_model
 
 from draftlab.cli import main
 from draftlab.files import LOCK_FILE, PID_FILE, atomic_path, folder_lock
@@ -154,3 +155,44 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with atomic_path(path) as tmp:
         tmp.write_text("new")
     assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+# ---------------------------------------------------------------- models checked before generating
+
+
+@pytest.fixture(scope="module")
+def short_draft(tmp_path_factory):
+    """A GPT-2 target with 512 positions and a GPT-2 draft of the same tokenizer with only 64."""
+    root = tmp_path_factory.mktemp("short")
+    target = make_model("gpt2", root / "target", seed=1, hidden=32, layers=1)
+    draft = make_model("gpt2", root / "draft", seed=2, hidden=32, layers=1, context=64)
+    return target, draft
+
+
+LONG_PROMPT = "the cat sat on the mat and the dog ran under the tree " * 3
+
+
+def test_a_draft_with_a_short_context_is_refused_before_generating(capsys, short_draft, tmp_path):
+    target, draft = short_draft
+    models = ["--target", str(target), "--draft", str(draft), "--dtype", "float32"]
+    refused(
+        capsys,
+        ["generate", *models, "--max-new-tokens", "48", LONG_PROMPT],
+        f"draft '{draft}' has a context of 64 tokens",
+        f"target '{target}' 512",
+    )
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"id": "a", "category": "qa", "prompt": LONG_PROMPT}) + "\n")
+    out = tmp_path / "run"
+    argv = ["bench", *models, "--suite", str(suite), "--max-new-tokens", "48", "--out", str(out), "--quiet"]
+    refused(capsys, [*argv, "--methods", "ar,sps"], "context of 64 tokens", "512")
+    assert not out.exists(), "nothing is written for a run that cannot start"
+    # Methods without the draft do not need its context.
+    assert main([*argv, "--methods", "ar,pld", "--warmup", "0"]) == 0
+
+
+def test_an_empty_folder_as_target_says_config_json_is_missing(capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = refused(capsys, ["generate", "--target", str(empty), "--method", "ar", "x"], str(empty))
+    assert "folder without a model (config.json missing)" in line and "not a local folder" not in line

@@ -62,7 +62,7 @@ def make_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokenize
     return fast
 
 
-def _config(family: str, vocab: int, hidden: int, layers: int):
+def _config(family: str, vocab: int, hidden: int, layers: int, context: int = 512):
     common = dict(vocab_size=vocab, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
     if family == "opt":
         return OPTForCausalLM, OPTConfig(
@@ -70,7 +70,7 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             ffn_dim=2 * hidden,
             num_attention_heads=4,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             word_embed_proj_dim=hidden,
             **common,
         )
@@ -81,7 +81,7 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             **common,
         )
     if family == "bloom":
@@ -92,7 +92,7 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             num_attention_heads=4,
             intermediate_size=2 * hidden,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             **common,
         )
     if family == "qwen2":
@@ -102,11 +102,13 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             **common,
         )
     if family == "gpt2":
-        return GPT2LMHeadModel, GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
+        return GPT2LMHeadModel, GPT2Config(
+            n_embd=hidden, n_layer=layers, n_head=4, n_positions=context, **common
+        )
     if family == "t5":
         return T5ForConditionalGeneration, T5Config(
             d_model=hidden,
@@ -124,11 +126,17 @@ FAMILIES = ("opt", "llama", "bloom", "gpt_neox", "qwen2", "gpt2", "t5")
 
 
 def make_model(
-    family: str, directory: Path, seed: int, hidden: int = 32, layers: int = 2, vocab: int = 320
+    family: str,
+    directory: Path,
+    seed: int,
+    hidden: int = 32,
+    layers: int = 2,
+    vocab: int = 320,
+    context: int = 512,
 ) -> Path:
     """Random weights, spread wide enough that greedy argmaxes are not near-ties."""
     torch.manual_seed(seed)
-    cls, config = _config(family, vocab, hidden, layers)
+    cls, config = _config(family, vocab, hidden, layers, context)
     model = cls(config)
     with torch.no_grad():
         for p in model.parameters():

@@ -19,7 +19,7 @@ from rich.console import Console
 from draftlab import __version__
 from draftlab.bench.records import RunInfo
 from draftlab.bench.report import render
-from draftlab.bench.runner import BenchPlan, Variant, run_bench
+from draftlab.bench.runner import BenchPlan, Variant, check_contexts, run_bench
 from draftlab.bench.suites import SUBTASKS, load_suite
 from draftlab.cli.common import (
     add_method_args,
@@ -152,7 +152,12 @@ def _run(args: argparse.Namespace) -> int:
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
     examples = suite_examples(args)
-    target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
+    needs_draft = any(method_spec(m).needs_draft for m in methods)
+    target, draft = load_pair(args, needs_draft)
+    # Before profiling: a draft too short for these prompts is refused now, not mid-run.
+    check_contexts(
+        [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
+    )
     adaptive = any(c.adaptive for c in configs.values())
     cost = cost_model(args, target, draft) if adaptive else None
     others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]

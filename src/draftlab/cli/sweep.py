@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from draftlab.bench.runner import Variant
+from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli.bench import (
     add_run_args,
     add_suite_args,
@@ -124,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
         target, draft = load_pair(args, need_draft=cfg.needs_draft)
+        check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
         cost = cost_model(args, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
         variants, baselines = [], {}
         for t in temperatures:
@@ -144,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
 def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     """sps and pld with a fixed k and with cost-aware rounds, in one interleaved run."""
     target, draft = load_pair(args, need_draft=True)
+    check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     base = decoder_config(args, "ar")
     cost = cost_model(args, target, draft)
     variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
