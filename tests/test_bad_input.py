@@ -90,6 +90,61 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
+# ---------------------------------------------------------------- --out
+
+
+@pytest.mark.parametrize("kind", ["file", "under-file", "unwritable"])
+@pytest.mark.parametrize("command", [["bench"], ["sweep", "gamma"]])
+def test_an_unusable_out_is_refused_before_loading(capsys, tmp_path, command, kind):
+    if kind == "unwritable" and os.geteuid() == 0:
+        pytest.skip("root writes anywhere: the under-file case covers a folder that cannot be made")
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    out = {"file": blocker, "under-file": blocker / "sub" / "run"}.get(kind)
+    if kind == "unwritable":
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        out = locked / "run"
+    named = {"file": "is a file", "under-file": "which is a file", "unwritable": "not writable"}[kind]
+    # The target does not exist: a check that ran after loading would report that instead.
+    refused(capsys, [*command, "--target", str(tmp_path / "missing"), "--out", str(out)], str(out), named)
+    assert blocker.read_text() == "x"
+
+
+# ---------------------------------------------------------------- --resume with other settings
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    path = root / "suite.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = root / "run"
+    assert main(bench(tiny_pair, path, out)) == 0
+    return path, out
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        (["--temperature", "0.5"], ["temperature was 0.0, now 0.5"]),
+        (["--gamma", "2"], ["sps gamma was 4, now 2"]),
+        (["--no-chat"], ["chat was True, now False"]),
+        (
+            ["--temperature", "0.5", "--gamma", "2", "--no-chat"],
+            ["temperature was 0.0, now 0.5", "sps gamma was 4, now 2", "chat was True, now False"],
+        ),
+    ],
+)
+def test_resume_with_changed_settings_names_each_and_changes_no_file(
+    capsys, tiny_pair, finished_run, changes, named
+):
+    suite, out = finished_run
+    before = snapshot(out)
+    refused(capsys, [*bench(tiny_pair, suite, out, "--resume"), *changes], "cannot resume", *named)
+    assert snapshot(out) == before
+
+
 # ---------------------------------------------------------------- one writer per folder
 
 
