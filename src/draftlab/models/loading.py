@@ -16,7 +16,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from draftlab.errors import DraftlabError
+from draftlab.errors import DraftlabError, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -114,7 +114,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     except (OSError, ValueError) as exc:
         raise DraftlabError(
             f"model '{spec.name}' is not available offline: it is not a local folder, not a registry name "
-            f"(see `draftlab models list`) and not in the Hugging Face cache ({_first_line(exc)})"
+            f"(see `draftlab models list`) and not in the Hugging Face cache ({first_line(exc)})"
         ) from None
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     kwargs: dict = {"dtype": DTYPES[spec.dtype]}
@@ -125,7 +125,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     try:
         model = auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
-        raise DraftlabError(f"model '{spec.name}' could not be loaded: {_first_line(exc)}") from None
+        raise DraftlabError(f"model '{spec.name}' could not be loaded: {first_line(exc)}") from None
     if spec.device != "auto":
         model.to(spec.device)
     model.eval()
@@ -141,11 +141,6 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

@@ -296,7 +296,7 @@ def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int,
 
 def profile_dir() -> Path:
     """$DRAFTLAB_PROFILE_DIR, else profiles/ under the draftlab home."""
-    from draftlab.models.registry import home
+    from draftlab.models.cache import home
 
     env = os.environ.get("DRAFTLAB_PROFILE_DIR")
     return Path(env).expanduser() if env else home() / "profiles"
