@@ -6,15 +6,6 @@ import argparse
 import dataclasses
 
 from draftlab.bench.runner import Variant, check_contexts
-from draftlab.cli.bench import (
-    add_run_args,
-    add_suite_args,
-    claimed_out,
-    execute,
-    parse_list,
-    suite_examples,
-    variant_params,
-)
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
@@ -26,6 +17,15 @@ from draftlab.cli.common import (
     model_names,
     sampling_from,
     threshold,
+)
+from draftlab.cli.run_setup import (
+    add_run_args,
+    add_suite_args,
+    claimed_out,
+    execute,
+    parse_list,
+    suite_examples,
+    variant_params,
 )
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
