@@ -13,14 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
@@ -30,6 +22,7 @@ from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, check_context
 from draftlab.models.prompting import Message, encode_prompt
+from draftlab.progress import progress_bar
 from draftlab.sampling import SamplingParams
 
 
@@ -143,17 +136,7 @@ def run_bench(
     if plan.warmup and todo:
         _warm_up(plan)
     console = Console(stderr=True, quiet=quiet)
-    progress = Progress(
-        TextColumn("[bold]bench[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=quiet,
-    )
+    progress = progress_bar("[bold]bench[/]", console=console, disable=quiet)
     results_path = directory / RESULTS_FILE
     answers: dict[tuple[str, str, int, int], list[int]] = {}  # (label, example, turn, repeat) -> tokens
     for r in done:

@@ -9,8 +9,6 @@ from rich.console import Console
 
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli.common import (
-    add_method_args,
-    add_model_args,
     cost_model,
     decoder_config,
     load_pair,
@@ -18,9 +16,7 @@ from draftlab.cli.common import (
     sampling_from,
 )
 from draftlab.cli.run_setup import (
-    add_run_args,
-    add_suite_args,
-    claimed_out,
+    add_run_command_args,
     execute,
     parse_list,
     suite_examples,
@@ -43,19 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also run ar in these dtypes (comma-separated), so that 'vs best ar' compares with the "
         "fastest plain decoding here: supported (default: every dtype the device supports) or none",
     )
-    add_model_args(p)
-    add_method_args(p)
-    add_suite_args(p)
-    add_run_args(p)
-    p.set_defaults(func=run)
+    add_run_command_args(p, run, lambda args: "bench")
 
 
 def run(args: argparse.Namespace) -> int:
-    with claimed_out(args, "bench"):
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)

@@ -7,7 +7,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -20,11 +20,31 @@ from draftlab.bench.records import RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
 from draftlab.bench.suites import SUBTASKS, load_suite
+from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.errors import DraftlabError
 from draftlab.files import LOCK_FILE, folder_lock
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import hardware
+
+
+def add_run_command_args(
+    p: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], int],
+    kind: Callable[[argparse.Namespace], str],
+) -> None:
+    """Model, decoding, prompt and run options; `run` runs with --out checked and held (default
+    folder runs/<kind>-<time>)."""
+    add_model_args(p)
+    add_method_args(p)
+    add_suite_args(p)
+    add_run_args(p)
+
+    def held(args: argparse.Namespace) -> int:
+        with claimed_out(args, kind(args)):
+            return run(args)
+
+    p.set_defaults(func=held)
 
 
 def add_suite_args(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,6 @@ import dataclasses
 
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli.common import (
-    add_method_args,
-    add_model_args,
     cost_model,
     decoder_config,
     load_draft,
@@ -19,9 +17,7 @@ from draftlab.cli.common import (
     threshold,
 )
 from draftlab.cli.run_setup import (
-    add_run_args,
-    add_suite_args,
-    claimed_out,
+    add_run_command_args,
     execute,
     parse_list,
     suite_examples,
@@ -51,19 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--temperatures", default="0,1", help="temperature: values")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
-    add_model_args(p)
-    add_method_args(p)
-    add_suite_args(p)
-    add_run_args(p)
-    p.set_defaults(func=run)
+    add_run_command_args(p, run, lambda args: "ablation" if args.kind == "ablation" else f"sweep-{args.kind}")
 
 
 def run(args: argparse.Namespace) -> int:
-    with claimed_out(args, "ablation" if args.kind == "ablation" else f"sweep-{args.kind}"):
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):

@@ -166,25 +166,9 @@ def _progress(enabled: bool) -> Iterator:
     if not enabled:
         yield None
         return
-    from rich.progress import (  # noqa: PLC0415 - only the CLI path draws bars
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from draftlab.progress import progress_bar  # noqa: PLC0415 - only the CLI path draws bars
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*columns, transient=False) as progress:
+    with progress_bar(info=True, transient=False) as progress:
         yield progress
 
 
