@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import QUIET, pair_args, write_suite
 from tiny import make_model
 
 from draftlab.cli import main
@@ -23,35 +24,12 @@ ROWS = [
 
 @pytest.fixture()
 def suite(tmp_path):
-    path = tmp_path / "suite.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
+    return write_suite(tmp_path / "suite.jsonl", ROWS)
 
 
 def bench(tiny_pair, suite, out, *extra):
-    target, draft = tiny_pair["llama"]
-    return [
-        "bench",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--dtype",
-        "float32",
-        "--suite",
-        str(suite),
-        "--full",
-        "--max-new-tokens",
-        "4",
-        "--methods",
-        "ar,sps",
-        "--out",
-        str(out),
-        "--quiet",
-        "--warmup",
-        "0",
-        *extra,
-    ]
+    run = ["--suite", str(suite), "--full", "--max-new-tokens", "4", "--methods", "ar,sps", "--out", str(out)]
+    return ["bench", *pair_args(tiny_pair), *run, *QUIET, *extra]
 
 
 def refused(capsys, argv, *fragments) -> str:
@@ -117,8 +95,7 @@ def test_an_unusable_out_is_refused_before_loading(capsys, tmp_path, command, ki
 @pytest.fixture(scope="module")
 def finished_run(tiny_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    path = root / "suite.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    path = write_suite(root / "suite.jsonl", ROWS)
     out = root / "run"
     assert main(bench(tiny_pair, path, out)) == 0
     return path, out

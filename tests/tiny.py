@@ -74,8 +74,11 @@ def _config(family: str, vocab: int, hidden: int, layers: int, context: int = 51
             word_embed_proj_dim=hidden,
             **common,
         )
-    if family == "llama":
-        return LlamaForCausalLM, LlamaConfig(
+    if family in ("llama", "qwen2"):  # the same shape of config
+        cls, config = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config)}[
+            family
+        ]
+        return cls, config(
             hidden_size=hidden,
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
@@ -92,16 +95,6 @@ def _config(family: str, vocab: int, hidden: int, layers: int, context: int = 51
             num_hidden_layers=layers,
             num_attention_heads=4,
             intermediate_size=2 * hidden,
-            max_position_embeddings=context,
-            **common,
-        )
-    if family == "qwen2":
-        return Qwen2ForCausalLM, Qwen2Config(
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             max_position_embeddings=context,
             **common,
         )
