@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import QUIET, pair_args, write_suite
 
 from draftlab.bench.records import read_records
 from draftlab.bench.suites import load_suite, parse_jsonl
@@ -31,34 +32,13 @@ SUITE_ROWS = [
 @pytest.fixture()
 def suite_file(tmp_path):
     path = tmp_path / "suite.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in SUITE_ROWS))
-    return path
+    return write_suite(path, SUITE_ROWS)
 
 
 def bench_args(tiny_pair, suite_file, out, *extra):
-    target, draft = tiny_pair["llama"]
-    return [
-        "bench",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--dtype",
-        "float32",
-        "--suite",
-        str(suite_file),
-        "--full",
-        "--max-new-tokens",
-        "12",
-        "--out",
-        str(out),
-        "--methods",
-        "ar,sps,pld,bild,hf-greedy,hf-assisted",
-        "--quiet",
-        "--warmup",
-        "0",
-        *extra,
-    ]
+    methods = "ar,sps,pld,bild,hf-greedy,hf-assisted"
+    suite = ["--suite", str(suite_file), "--full", "--max-new-tokens", "12", "--out", str(out)]
+    return ["bench", *pair_args(tiny_pair), *suite, "--methods", methods, *QUIET, *extra]
 
 
 def test_bench_end_to_end_and_report_equals_live(tiny_pair, suite_file, tmp_path, capsys):
@@ -189,8 +169,7 @@ def test_spec_bench_format(tmp_path):
             "reference": ["hello"],
         },
     ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    examples = load_suite(str(path))
+    examples = load_suite(str(write_suite(path, rows)))
     assert [(e.id, e.subtask, len(e.turns)) for e in examples] == [
         ("81", "multi-turn", 2),
         ("82", "translation", 1),
@@ -239,25 +218,8 @@ def test_seed_flag_names_are_aliases(tiny_pair, suite_file, tmp_path):
 
 def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
     target, draft = tiny_pair["llama"]
-    common = [
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--dtype",
-        "float32",
-        "--suite",
-        str(suite_file),
-        "--subtasks",
-        "qa",
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "6",
-        "--quiet",
-        "--warmup",
-        "0",
-    ]
+    suite = ["--suite", str(suite_file), "--subtasks", "qa", "--limit", "1", "--max-new-tokens", "6"]
+    common = [*pair_args(tiny_pair), *suite, *QUIET]
     for kind, extra, labels in [
         ("gamma", ["--gammas", "1,2"], {"ar", "sps γ=1", "sps γ=2"}),
         (

@@ -100,14 +100,3 @@ def test_generate_prints_text_and_json(capsys, models):
     assert record["method"] == "sps" and len(record["tokens"]) <= 5
     assert record["stats"]["new_tokens"] == len(record["tokens"])
     assert main(gen(models, "--method", "pld", "--max-new-tokens", "5", "--chat")) == 0
-
-
-@pytest.mark.parametrize("kind", ["file", "under-file"])
-def test_a_bad_out_is_refused_before_loading(capsys, tmp_path, kind):
-    blocker = tmp_path / "f"
-    blocker.write_text("x")
-    out = blocker if kind == "file" else blocker / "sub"
-    # The target does not exist: a check that ran after loading would report that instead.
-    argv = ["bench", "--target", str(tmp_path / "missing"), "--out", str(out)]
-    check(capsys, argv, str(out))
-    check(capsys, ["sweep", "gamma", "--target", str(tmp_path / "missing"), "--out", str(out)], str(out))

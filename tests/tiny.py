@@ -62,7 +62,7 @@ def make_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokenize
     return fast
 
 
-def _config(family: str, vocab: int, hidden: int, layers: int):
+def _config(family: str, vocab: int, hidden: int, layers: int, context: int = 512):
     common = dict(vocab_size=vocab, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS)
     if family == "opt":
         return OPTForCausalLM, OPTConfig(
@@ -70,18 +70,21 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             ffn_dim=2 * hidden,
             num_attention_heads=4,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             word_embed_proj_dim=hidden,
             **common,
         )
-    if family == "llama":
-        return LlamaForCausalLM, LlamaConfig(
+    if family in ("llama", "qwen2"):  # the same shape of config
+        cls, config = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config)}[
+            family
+        ]
+        return cls, config(
             hidden_size=hidden,
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             **common,
         )
     if family == "bloom":
@@ -92,21 +95,13 @@ def _config(family: str, vocab: int, hidden: int, layers: int):
             num_hidden_layers=layers,
             num_attention_heads=4,
             intermediate_size=2 * hidden,
-            max_position_embeddings=512,
-            **common,
-        )
-    if family == "qwen2":
-        return Qwen2ForCausalLM, Qwen2Config(
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
+            max_position_embeddings=context,
             **common,
         )
     if family == "gpt2":
-        return GPT2LMHeadModel, GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
+        return GPT2LMHeadModel, GPT2Config(
+            n_embd=hidden, n_layer=layers, n_head=4, n_positions=context, **common
+        )
     if family == "t5":
         return T5ForConditionalGeneration, T5Config(
             d_model=hidden,
@@ -124,11 +119,17 @@ FAMILIES = ("opt", "llama", "bloom", "gpt_neox", "qwen2", "gpt2", "t5")
 
 
 def make_model(
-    family: str, directory: Path, seed: int, hidden: int = 32, layers: int = 2, vocab: int = 320
+    family: str,
+    directory: Path,
+    seed: int,
+    hidden: int = 32,
+    layers: int = 2,
+    vocab: int = 320,
+    context: int = 512,
 ) -> Path:
     """Random weights, spread wide enough that greedy argmaxes are not near-ties."""
     torch.manual_seed(seed)
-    cls, config = _config(family, vocab, hidden, layers)
+    cls, config = _config(family, vocab, hidden, layers, context)
     model = cls(config)
     with torch.no_grad():
         for p in model.parameters():

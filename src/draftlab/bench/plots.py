@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from draftlab.decode.methods import is_speculative
+from draftlab.files import atomic_path
 
 SPEEDUP_PNG = "speedup_by_subtask.png"
 ACCEPTANCE_PNG = "acceptance_vs_gamma.png"
@@ -93,7 +94,8 @@ def _legend(ax, entries: int) -> None:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     return path
 
 
@@ -129,27 +131,25 @@ def plot_speedup_by_subtask(summary: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _points(summary: dict, group_by: str, x: str, ys: tuple[str, ...], keep=lambda variant: True) -> dict:
+    """Per series (see _series): (variant's x, overall ys...) of every label with x and ys[0] known."""
+    variants, overall = summary["variants"], summary["overall"]
+    labels = [
+        label
+        for label in summary["labels"]
+        if variants[label][x] is not None and overall[label][ys[0]] is not None and keep(variants[label])
+    ]
+    return {
+        name: [(variants[label][x], *(overall[label][y] for y in ys)) for label in members]
+        for name, members in _series(summary, labels, group_by).items()
+    }
+
+
 def plot_acceptance_vs_gamma(summary: dict, path: Path) -> Path:
     """Acceptance rate (solid) and α̂ (dashed) against γ, one line per method and draft."""
     fig = _figure()
     ax = fig.add_subplot()
-    labels = [
-        label
-        for label in summary["labels"]
-        if summary["overall"][label]["acceptance_rate"] is not None
-        and summary["variants"][label]["gamma"] is not None
-    ]
-    series = {
-        name: [
-            (
-                summary["variants"][label]["gamma"],
-                summary["overall"][label]["acceptance_rate"],
-                summary["overall"][label]["alpha_hat"],
-            )
-            for label in members
-        ]
-        for name, members in _series(summary, labels, "draft").items()
-    }
+    series = _points(summary, "draft", "gamma", ("acceptance_rate", "alpha_hat"))
     for name, points in series.items():
         points.sort(key=lambda p: p[0])
         line = _plot_series(ax, [(g, a) for g, a, _ in points], marker="o", label=f"{name}: α")
@@ -183,20 +183,9 @@ def plot_tokens_per_s_vs_draft_size(summary: dict, path: Path) -> Path:
     """Tokens/s against draft parameter count, one line per method and γ, the baseline as a line."""
     fig = _figure()
     ax = fig.add_subplot()
-    labels = [
-        label
-        for label in summary["labels"]
-        if is_speculative(summary["variants"][label]["method"])
-        and summary["variants"][label]["draft_params"] is not None
-        and summary["overall"][label]["tokens_per_s"] is not None
-    ]
-    series = {
-        name: [
-            (summary["variants"][label]["draft_params"], summary["overall"][label]["tokens_per_s"])
-            for label in members
-        ]
-        for name, members in _series(summary, labels, "gamma").items()
-    }
+    series = _points(
+        summary, "gamma", "draft_params", ("tokens_per_s",), keep=lambda v: is_speculative(v["method"])
+    )
     for name, points in series.items():
         points.sort()
         _plot_series(ax, points, marker="o", label=name)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftlab.errors import DraftlabError
+from draftlab.files import write_text
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -96,7 +97,7 @@ class RunInfo:
     extra: dict = field(default_factory=dict)  # sweep / ablation description, versions, host
 
     def save(self, directory: Path) -> None:
-        (directory / RUN_FILE).write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False))
+        write_text(directory / RUN_FILE, json.dumps(asdict(self), indent=2, ensure_ascii=False))
 
     @classmethod
     def load(cls, directory: Path) -> RunInfo:

@@ -21,6 +21,7 @@ from draftlab.bench.plots import fmt_params, write_plots
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.decode.methods import REGISTRY
 from draftlab.errors import DraftlabError
+from draftlab.files import atomic_path, write_text
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
@@ -637,7 +638,7 @@ def _csv_value(value: object) -> object:
 
 
 def write_summary_csv(summary: dict, path: Path) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["subtask", "label", *CSV_FIELDS])
         groups = [("overall", summary["overall"])] + [
@@ -649,7 +650,7 @@ def write_summary_csv(summary: dict, path: Path) -> None:
 
 
 def write_per_example_csv(rows: list[dict], path: Path) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=PER_EXAMPLE_FIELDS)
         writer.writeheader()
         for row in rows:
@@ -734,8 +735,8 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     summary = summarize(records, run)
     rows = per_example_rows(records)
 
-    (directory / SUMMARY_JSON).write_text(
-        json.dumps(summary, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
+    write_text(
+        directory / SUMMARY_JSON, json.dumps(summary, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     )
     write_summary_csv(summary, directory / SUMMARY_CSV)
     write_per_example_csv(rows, directory / PER_EXAMPLE_CSV)
@@ -748,7 +749,7 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
             extra_tables.append(optional)
     sweeps = sweep_tables(summary)
     md_tables = [*main_tables, *extra_tables, *sweeps, per_example_table(rows)]
-    (directory / REPORT_MD).write_text(markdown_report(summary, md_tables, plots), encoding="utf-8")
+    write_text(directory / REPORT_MD, markdown_report(summary, md_tables, plots))
 
     console.print(f"[bold]draftlab report[/bold] · {directory}", highlight=False)
     for line in run_lines(summary):

@@ -13,22 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
 from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
 from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import LoadedModel
+from draftlab.files import write_text
+from draftlab.models.loading import LoadedModel, check_context
 from draftlab.models.prompting import Message, encode_prompt
+from draftlab.progress import progress_bar
 from draftlab.sampling import SamplingParams
 
 
@@ -117,7 +111,7 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
                 f"'{directory}' already holds results: pass --resume to continue, or another --out"
             )
         info.save(directory)
-        results.write_text("")
+        write_text(results, "")
         return []
     if (directory / RUN_FILE).exists():
         changed = changed_settings(RunInfo.load(directory), info)
@@ -126,13 +120,15 @@ def prepare_output(directory: Path, info: RunInfo, resume: bool) -> list[Record]
     info.save(directory)
     done = read_records(results)
     # Drop a torn last line so that appends start on a fresh line.
-    results.write_text("".join(r.to_json() + "\n" for r in done), encoding="utf-8")
+    write_text(results, "".join(r.to_json() + "\n" for r in done))
     return done
 
 
 def run_bench(
     plan: BenchPlan, directory: Path, info: RunInfo, resume: bool = False, quiet: bool = False
 ) -> Path:
+    pairs = [(v.target, v.draft if v.config.needs_draft else None) for v in plan.variants]
+    check_contexts(pairs, plan.examples, plan.max_new_tokens, plan.chat)
     done = prepare_output(directory, info, resume)
     finished = {(r.label, r.key): r for r in done}
     jobs = list(_jobs(plan))
@@ -140,17 +136,7 @@ def run_bench(
     if plan.warmup and todo:
         _warm_up(plan)
     console = Console(stderr=True, quiet=quiet)
-    progress = Progress(
-        TextColumn("[bold]bench[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=quiet,
-    )
+    progress = progress_bar("[bold]bench[/]", console=console, disable=quiet)
     results_path = directory / RESULTS_FILE
     answers: dict[tuple[str, str, int, int], list[int]] = {}  # (label, example, turn, repeat) -> tokens
     for r in done:
@@ -166,6 +152,7 @@ def run_bench(
             example = by_id[example_id]
             progress.update(task, description=f"{example.subtask} · {variant.label}")
             ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
+            _check_fits(variant, ids, plan.max_new_tokens)  # a later turn: the earlier answers count
             result = variant.decoder.generate(
                 ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat)
             )
@@ -182,6 +169,31 @@ def run_bench(
             os.fsync(out.fileno())
             progress.advance(task)
     return results_path
+
+
+def _check_fits(variant: Variant, prompt_ids: list[int], max_new_tokens: int) -> None:
+    draft = variant.draft if variant.config.needs_draft else None
+    check_context(variant.target, draft, len(prompt_ids), max_new_tokens)
+
+
+def check_contexts(
+    pairs: list[tuple[LoadedModel, LoadedModel | None]],
+    examples: list[Example],
+    max_new_tokens: int,
+    chat: bool,
+) -> None:
+    """Every first turn fits each target and draft: checked before anything is profiled, written or run.
+
+    Later turns hold earlier answers and are checked before each generation.
+    """
+    seen: set[tuple[int, int]] = set()
+    for target, draft in pairs:
+        if (id(target), id(draft)) in seen:
+            continue
+        seen.add((id(target), id(draft)))
+        for example in examples:
+            ids = encode_prompt(target, example.turns[0], chat=chat)
+            check_context(target, draft, len(ids), max_new_tokens)
 
 
 def _jobs(plan: BenchPlan) -> Iterator[tuple[Variant, str, int, int]]:

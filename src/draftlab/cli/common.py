@@ -95,28 +95,19 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
-    g.add_argument(
-        "--fallback-threshold",
-        type=float,
-        default=DEFAULTS.fallback_threshold,
-        help="BiLD fallback threshold in [0, 1]",
-    )
-    g.add_argument(
-        "--rollback-threshold",
-        type=threshold,
-        default=DEFAULTS.rollback_threshold,
-        help="BiLD rollback threshold (> 0, or inf)",
-    )
-    g.add_argument(
-        "--max-small-steps",
-        type=int,
-        default=DEFAULTS.max_small_steps,
-        help="BiLD: most small-model tokens per block",
-    )
-    g.add_argument("--max-ngram", type=int, default=DEFAULTS.max_ngram, help="PLD: longest n-gram matched")
-    g.add_argument(
-        "--pld-tokens", type=int, default=DEFAULTS.pld_tokens, help="PLD: most tokens proposed per round"
-    )
+    for flag, kind, default, text in (
+        ("--fallback-threshold", float, DEFAULTS.fallback_threshold, "BiLD fallback threshold in [0, 1]"),
+        (
+            "--rollback-threshold",
+            threshold,
+            DEFAULTS.rollback_threshold,
+            "BiLD rollback threshold (> 0, or inf)",
+        ),
+        ("--max-small-steps", int, DEFAULTS.max_small_steps, "BiLD: most small-model tokens per block"),
+        ("--max-ngram", int, DEFAULTS.max_ngram, "PLD: longest n-gram matched"),
+        ("--pld-tokens", int, DEFAULTS.pld_tokens, "PLD: most tokens proposed per round"),
+    ):
+        g.add_argument(flag, type=kind, default=default, help=text)
     g.add_argument(
         "--tree-budget",
         type=int,

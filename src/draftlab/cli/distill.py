@@ -8,31 +8,29 @@ import json
 from draftlab.errors import DraftlabError
 
 
-def _positive_int(text: str) -> int:
+def _parse(text: str, kind, what: str):
     try:
-        value = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid positive integer: '{text}'") from None
+        raise argparse.ArgumentTypeError(f"invalid {what}: '{text}'") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _parse(text, int, "positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid count: '{text}'") from None
+    value = _parse(text, int, "count")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
 def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: '{text}'") from None
+    value = _parse(text, float, "number")
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value

@@ -19,6 +19,7 @@ from draftlab.cli.common import (
 )
 from draftlab.decode.methods import METHODS, build_decoder
 from draftlab.errors import DraftlabError
+from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
 
 
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_from(args)
     target, draft = load_pair(args, config.needs_draft)
     ids = encode_prompt(target, prompt, chat=args.chat)
+    check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
     cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
     result = build_decoder(config, target, draft, cost).generate(ids, args.max_new_tokens, params)
     if args.json:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftlab.errors import DraftlabError
-from draftlab.models import registry
+from draftlab.models import cache, catalogue, install, registry
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,20 +24,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "into place only once verified; a broken cache is detected and rebuilt.",
     )
     fetch.add_argument(
-        "names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(registry.names())})"
+        "names", nargs="*", metavar="NAME", help=f"default: all ({', '.join(catalogue.names())})"
     )
     fetch.add_argument("--force", action="store_true", help="re-convert even when the cache is valid")
     fetch.set_defaults(func=run_fetch)
 
 
 def run_list(args: argparse.Namespace) -> int:
-    table = Table(title=f"draftlab models (cache: {registry.cache_root()})")
+    table = Table(title=f"draftlab models (cache: {cache.cache_root()})")
     for col in ("name", "role", "source", "params", "local", "path"):
         table.add_column(
             col, justify="right" if col == "params" else "left", overflow="fold", no_wrap=col == "name"
         )
-    for entry in registry.ENTRIES.values():
-        st = registry.status(entry)
+    for entry in catalogue.ENTRIES.values():
+        st = cache.status(entry)
         local = f"[green]yes[/green]: {st.detail}" if st.available else f"[yellow]no[/yellow]: {st.detail}"
         table.add_row(
             entry.name,
@@ -52,19 +52,21 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    requested = args.names or registry.names()
-    entries = [registry.get(name) for name in dict.fromkeys(requested)]  # unknown name: error before any work
+    requested = args.names or catalogue.names()
+    entries = [
+        catalogue.get(name) for name in dict.fromkeys(requested)
+    ]  # unknown name: error before any work
     console = Console(stderr=True, log_path=False)
     unavailable: list[str] = []
     try:
         for entry in entries:
             if entry.kind == "packaged":
-                problem = registry.packaged_problem(registry.local_dir(entry))
+                problem = cache.packaged_problem(cache.local_dir(entry))
                 if problem:
                     console.print(f"[yellow]{entry.name}[/yellow]: not available: {problem}", highlight=False)
                     unavailable.append(f"{entry.name} ({problem})")
                 else:
-                    console.print(f"{entry.name}: packaged at {registry.local_dir(entry)}", highlight=False)
+                    console.print(f"{entry.name}: packaged at {cache.local_dir(entry)}", highlight=False)
                 continue
             _fetch_gguf(entry, console, args.force)
     except KeyboardInterrupt:
@@ -78,14 +80,14 @@ def run_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_gguf(entry: registry.RegistryEntry, console: Console, force: bool) -> None:
-    dest = registry.local_dir(entry)
-    problem = registry.cache_problem(entry, dest)
+def _fetch_gguf(entry: catalogue.RegistryEntry, console: Console, force: bool) -> None:
+    dest = cache.local_dir(entry)
+    problem = cache.cache_problem(entry, dest)
     if problem is None and not force:
         console.print(f"{entry.name}: already cached and verified at {dest}", highlight=False)
         return
-    if registry.gguf_path(entry) is None:
-        registry.install_source(entry, echo=lambda m: console.print(m, highlight=False))
+    if install.gguf_path(entry) is None:
+        install.install_source(entry, echo=lambda m: console.print(m, highlight=False))
     started = time.perf_counter()
     with console.status(f"{entry.name}: starting") as spinner:
 
@@ -100,7 +102,7 @@ def _fetch_gguf(entry: registry.RegistryEntry, console: Console, force: bool) ->
             force=force,
             show_bars=False,
         )
-    marker = registry.read_marker(dest) or {}
+    marker = cache.read_marker(dest) or {}
     ver = marker.get("verification") or {}
     console.print(
         f"{entry.name}: converted in {time.perf_counter() - started:.0f} s into {dest} "

@@ -13,6 +13,7 @@ from rich.table import Table
 from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, load_spec
 from draftlab.decode.sizing import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
+from draftlab.files import atomic_path, write_text
 from draftlab.models.loading import ModelSpec
 from draftlab.models.profile import (
     Profile,
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "profile.json").write_text(json.dumps(results, indent=1))
+    write_text(out_dir / "profile.json", json.dumps(results, indent=1))
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
@@ -152,5 +153,6 @@ def _plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

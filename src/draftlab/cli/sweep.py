@@ -5,19 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from draftlab.bench.runner import Variant
-from draftlab.cli.bench import (
-    add_run_args,
-    add_suite_args,
-    check_out,
-    execute,
-    parse_list,
-    suite_examples,
-    variant_params,
-)
+from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli.common import (
-    add_method_args,
-    add_model_args,
     cost_model,
     decoder_config,
     load_draft,
@@ -26,6 +15,13 @@ from draftlab.cli.common import (
     model_names,
     sampling_from,
     threshold,
+)
+from draftlab.cli.run_setup import (
+    add_run_command_args,
+    execute,
+    parse_list,
+    suite_examples,
+    variant_params,
 )
 from draftlab.decode.methods import method_spec
 from draftlab.errors import DraftlabError
@@ -55,15 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", default="4,8,16,32,64", help="tree: fixed node budgets per round")
     p.add_argument("--tree-methods", default=TREE_METHODS, help="tree: the tree methods to sweep")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
-    add_model_args(p)
-    add_method_args(p)
-    add_suite_args(p)
-    add_run_args(p)
-    p.set_defaults(func=run)
+    add_run_command_args(p, run, lambda args: "ablation" if args.kind == "ablation" else f"sweep-{args.kind}")
 
 
 def run(args: argparse.Namespace) -> int:
-    check_out(args)
     # Sweeps over γ, τ, thresholds and the ablation compare settings, so every round drafts the
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):
@@ -124,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
         target, draft = load_pair(args, need_draft=cfg.needs_draft)
+        check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
         cost = cost_model(args, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
         variants, baselines = [], {}
         for t in temperatures:
@@ -146,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     """sps and pld with a fixed k and with cost-aware rounds, in one interleaved run."""
     target, draft = load_pair(args, need_draft=True)
+    check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     base = decoder_config(args, "ar")
     cost = cost_model(args, target, draft)
     variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
@@ -173,6 +166,7 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
             raise DraftlabError(f"tree budget must be >= 1, got {budget}")
     need_draft = any(method_spec(m).needs_draft for m in methods)
     target, draft = load_pair(args, need_draft=need_draft)
+    check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     base = decoder_config(args, "ar")
     variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
     for method in methods:

@@ -21,6 +21,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from draftlab.errors import DraftlabError
+from draftlab.files import atomic_path
 
 Message = dict[str, str]
 
@@ -219,9 +220,8 @@ def _write_shard(data_dir: Path, records: list[dict]) -> None:
         "offset": [r["offset"] for r in records],
         "new_tokens": [r["new_tokens"] for r in records],
     }
-    tmp = data_dir / f".shard-{index:05d}.tmp"
-    torch.save(payload, tmp)
-    tmp.rename(data_dir / f"shard-{index:05d}.pt")
+    with atomic_path(data_dir / f"shard-{index:05d}.pt") as tmp:
+        torch.save(payload, tmp)
 
 
 def data_stats(data_dir: Path) -> dict:

@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from draftlab.distill import data as D
 from draftlab.distill import train as T
 from draftlab.errors import DraftlabError
+from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
 
 TOKENIZER_FILES = (
@@ -35,11 +37,117 @@ def package_data(name: str) -> Path | None:
     return path if path.exists() else None
 
 
-def work_dir_for(args: argparse.Namespace) -> Path:
-    if args.work_dir:
-        return Path(args.work_dir).expanduser()
-    out = Path(args.out).expanduser()
-    return out.parent / f"{out.name}.work"
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training data comes from and how the target answers (the CLI's data group)."""
+
+    prompt_paths: tuple[Path, ...]  # resolved: the packaged prompts unless --prompts/--no-default-prompts
+    text_paths: tuple[Path, ...]
+    corpus_prompts: int
+    raw_chunks: int
+    raw_chars: int
+    samples_per_prompt: int
+    sample_temperature: float
+    max_new_tokens: int
+    top_k: int
+    gen_batch_size: int
+    gen_minutes: float | None
+    max_len: int
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    prompts: Path | None  # held-out prompts; None: no evaluation
+    per_category: int
+    gamma: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Everything `draftlab distill` needs, built once from the command line."""
+
+    target: str
+    target_dtype: str
+    device: str
+    out: Path
+    work: Path
+    resume: bool
+    restart: bool
+    quiet: bool
+    init_from: str | None
+    shape: T.DraftShape
+    train: T.TrainConfig
+    data: DataConfig
+    eval: EvalConfig
+    seed: int
+    cli: dict = field(default_factory=dict)  # the command line as given, for recipe.json
+
+    @property
+    def data_dir(self) -> Path:
+        return self.work / "data"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DistillConfig:
+        out = Path(args.out).expanduser()
+        prompt_paths = [Path(p).expanduser() for p in (args.prompts or [])]
+        if not prompt_paths and not args.no_default_prompts and package_data("distill_prompts.jsonl"):
+            prompt_paths = [package_data("distill_prompts.jsonl")]
+        eval_prompts = (
+            Path(args.eval_prompts).expanduser() if args.eval_prompts else package_data("builtin_suite.jsonl")
+        )
+        return cls(
+            target=args.target,
+            target_dtype=args.target_dtype,
+            device=args.device,
+            out=out,
+            work=Path(args.work_dir).expanduser() if args.work_dir else out.parent / f"{out.name}.work",
+            resume=args.resume,
+            restart=args.restart,
+            quiet=args.quiet,
+            init_from=args.init_from,
+            shape=T.DraftShape(
+                args.hidden_size, args.layers, args.intermediate_size, args.heads, args.kv_heads
+            ),
+            train=T.TrainConfig(
+                steps=args.steps,
+                batch_tokens=args.batch_tokens,
+                max_len=args.max_len,
+                lr=args.lr,
+                warmup=min(args.warmup, max(1, args.steps // 5)),
+                weight_decay=args.weight_decay,
+                kl_weight=args.kl_weight,
+                ce_weight=args.ce_weight,
+                prompt_weight=args.prompt_weight,
+                raw_weight=args.raw_weight,
+                save_every=args.save_every,
+                log_every=args.log_every,
+                seed=args.seed,
+                autocast=autocast_enabled(args.autocast, torch.device(args.device)),
+            ),
+            data=DataConfig(
+                prompt_paths=tuple(prompt_paths),
+                text_paths=tuple(Path(p).expanduser() for p in (args.text or [])),
+                corpus_prompts=args.corpus_prompts,
+                raw_chunks=args.raw_chunks,
+                raw_chars=args.raw_chars,
+                samples_per_prompt=args.samples_per_prompt,
+                sample_temperature=args.sample_temperature,
+                max_new_tokens=args.max_new_tokens,
+                top_k=args.top_k,
+                gen_batch_size=args.gen_batch_size,
+                gen_minutes=args.gen_minutes,
+                max_len=args.max_len,
+            ),
+            eval=EvalConfig(
+                prompts=eval_prompts if args.eval_per_category > 0 else None,
+                per_category=args.eval_per_category,
+                gamma=args.eval_gamma,
+                max_new_tokens=args.eval_max_new_tokens,
+            ),
+            seed=args.seed,
+            cli={k: v for k, v in vars(args).items() if k != "func" and not callable(v)},
+        )
 
 
 def autocast_enabled(choice: str, device: torch.device) -> bool:
@@ -58,73 +166,106 @@ def _progress(enabled: bool) -> Iterator:
     if not enabled:
         yield None
         return
-    from rich.progress import (  # noqa: PLC0415 - only the CLI path draws bars
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from draftlab.progress import progress_bar  # noqa: PLC0415 - only the CLI path draws bars
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*columns, transient=False) as progress:
+    with progress_bar(info=True, transient=False) as progress:
         yield progress
 
 
-def run(args: argparse.Namespace) -> dict:
-    started = time.time()
-    out = Path(args.out).expanduser()
-    work = work_dir_for(args)
-    data_dir = work / "data"
-    device = torch.device(args.device)
-    if out.exists() and not out.is_dir():
-        raise DraftlabError(f"--out '{out}' exists and is not a folder")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise DraftlabError(f"device '{args.device}' requested but CUDA is not available")
+@dataclass
+class Inputs:
+    """The prompts and texts read from disk, and the generation jobs built from them."""
 
-    # Inputs first, so that bad files fail before the target loads.
-    prompt_paths = [Path(p).expanduser() for p in (args.prompts or [])]
-    if not prompt_paths and not args.no_default_prompts and package_data("distill_prompts.jsonl"):
-        prompt_paths = [package_data("distill_prompts.jsonl")]
-    prompt_items = [item for p in prompt_paths for item in D.read_prompt_file(p)]
-    text_paths = [Path(p).expanduser() for p in (args.text or [])]
-    texts = [D.read_text_file(p) for p in text_paths]
-    corpus_items = D.corpus_instruction_items(texts, args.corpus_prompts, args.seed)
-    raw_chunks = D.raw_text_chunks(texts, args.raw_chunks, args.raw_chars, args.seed)
+    prompt_items: list
+    corpus_items: list
+    raw_chunks: list
+    jobs: list
+
+    def summary(self, data: DataConfig, data_dir: Path) -> dict:
+        def described(paths):
+            return [{"name": p.name, "bytes": p.stat().st_size, "sha256": D.file_digest(p)} for p in paths]
+
+        return {
+            "prompt_files": described(data.prompt_paths),
+            "prompts": len(self.prompt_items),
+            "multi_turn_prompts": sum(1 for _, turns in self.prompt_items if len(turns) > 1),
+            "text_files": described(data.text_paths),
+            "corpus_instructions": len(self.corpus_items),
+            "raw_chunks": len(self.raw_chunks),
+            "shards": D.data_stats(data_dir) if data_dir.exists() else {},
+        }
+
+
+def read_inputs(data: DataConfig, seed: int) -> Inputs:
+    """Read every prompt and text file (bad files fail here, before the target loads)."""
+    prompt_items = [item for p in data.prompt_paths for item in D.read_prompt_file(p)]
+    texts = [D.read_text_file(p) for p in data.text_paths]
+    corpus_items = D.corpus_instruction_items(texts, data.corpus_prompts, seed)
+    raw_chunks = D.raw_text_chunks(texts, data.raw_chunks, data.raw_chars, seed)
     jobs = D.build_jobs(
-        prompt_items, corpus_items, raw_chunks, args.samples_per_prompt, args.sample_temperature, args.seed
+        prompt_items, corpus_items, raw_chunks, data.samples_per_prompt, data.sample_temperature, seed
     )
-    checkpoint = T.load_checkpoint(work) if not args.restart else None
-    if args.resume and checkpoint is None:
-        raise DraftlabError(f"--resume: no checkpoint in '{work}'")
-    if not jobs and not list(data_dir.glob("shard-*.pt")):
+    return Inputs(prompt_items, corpus_items, raw_chunks, jobs)
+
+
+def run(args: argparse.Namespace) -> dict:
+    return distill(DistillConfig.from_args(args))
+
+
+def distill(cfg: DistillConfig) -> dict:
+    """Data from the target, then the draft trained on it, exported, and evaluated."""
+    started = time.time()
+    if cfg.out.exists() and not cfg.out.is_dir():
+        raise DraftlabError(f"--out '{cfg.out}' exists and is not a folder")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise DraftlabError(f"device '{cfg.device}' requested but CUDA is not available")
+    inputs = read_inputs(cfg.data, cfg.seed)
+    checkpoint = T.load_checkpoint(cfg.work) if not cfg.restart else None
+    if cfg.resume and checkpoint is None:
+        raise DraftlabError(f"--resume: no checkpoint in '{cfg.work}'")
+    if not inputs.jobs and not list(cfg.data_dir.glob("shard-*.pt")):
         raise DraftlabError("no training data: give --prompts or --text files (or keep the default prompts)")
 
-    target = load_model(ModelSpec(args.target, args.target_dtype, args.device))
+    target = load_model(ModelSpec(cfg.target, cfg.target_dtype, cfg.device))
     if target.is_encoder_decoder:
         raise DraftlabError("distill supports decoder-only targets only")
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
-    if args.restart:
-        for stale in [work / T.CHECKPOINT, out / "train_log.jsonl"]:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    if cfg.restart:
+        for stale in [cfg.work / T.CHECKPOINT, cfg.out / "train_log.jsonl"]:
             stale.unlink(missing_ok=True)
 
-    show = not args.quiet
-    # 1. Data: the target answers the prompts; shards already on disk are kept.
+    jobs_left, gen_seconds = generate_data(cfg, target, inputs.jobs)
+    records = D.load_shards(cfg.data_dir)
+    if not records:
+        raise DraftlabError("no training data was produced")
+    summary = inputs.summary(cfg.data, cfg.data_dir)
+    summary["jobs"] = len(inputs.jobs)
+    summary["jobs_not_generated"] = jobs_left
+    summary["teacher"] = _teacher(cfg, target)
+    recipe = Recipe(cfg, summary, gen_seconds)
+    draft, state = build_draft(cfg, target, checkpoint)
+    recipe.draft_config = draft.config
+    train_draft(cfg, target, draft, records, state, recipe)
+    evaluation = evaluate(cfg, target)
+    recipe.write(cfg.train.steps, state.extra, evaluation)
+    return {
+        "out": str(cfg.out),
+        "steps": cfg.train.steps,
+        "final": state.extra.get("last"),
+        "evaluation": evaluation,
+        "seconds": time.time() - started,
+    }
+
+
+def generate_data(cfg: DistillConfig, target: LoadedModel, jobs: list) -> tuple[int, float]:
+    """The target answers the prompts; shards already on disk are kept. Returns (jobs left, seconds)."""
+    data = cfg.data
     gen_start = time.time()
-    teacher = D.Teacher(target.model, target.tokenizer, args.top_k, args.max_new_tokens, args.max_len)
-    done = D.done_keys(data_dir) if data_dir.exists() else set()
+    teacher = D.Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
+    done = D.done_keys(cfg.data_dir) if cfg.data_dir.exists() else set()
     todo = len([j for j in jobs if j.key not in done])
-    with _progress(show) as progress:
+    with _progress(not cfg.quiet) as progress:
         task = progress.add_task("teacher data", total=max(todo, 1), info="") if progress else None
         tokens = [0]
 
@@ -134,138 +275,131 @@ def run(args: argparse.Namespace) -> dict:
                 progress.update(task, advance=n, info=f"{tokens[0]} tokens")
 
         target.model.eval()
-        deadline = None if args.gen_minutes is None else gen_start + 60 * args.gen_minutes
-        jobs_left = D.generate_data(teacher, jobs, data_dir, args.gen_batch_size, on_data, deadline)
-    gen_seconds = time.time() - gen_start
-    records = D.load_shards(data_dir)
-    if not records:
-        raise DraftlabError("no training data was produced")
+        deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
+        jobs_left = D.generate_data(teacher, jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline)
+    return jobs_left, time.time() - gen_start
 
-    # 2. The draft: resume from the checkpoint, or start from the target's projected embedding.
-    shape = T.DraftShape(args.hidden_size, args.layers, args.intermediate_size, args.heads, args.kv_heads)
-    try:
-        config = T.draft_config(target.model.config, shape, target.vocab_size)
-    except ValueError as exc:
-        raise DraftlabError(str(exc)) from None
-    cfg = T.TrainConfig(
-        steps=args.steps,
-        batch_tokens=args.batch_tokens,
-        max_len=args.max_len,
-        lr=args.lr,
-        warmup=min(args.warmup, max(1, args.steps // 5)),
-        weight_decay=args.weight_decay,
-        kl_weight=args.kl_weight,
-        ce_weight=args.ce_weight,
-        prompt_weight=args.prompt_weight,
-        raw_weight=args.raw_weight,
-        save_every=args.save_every,
-        log_every=args.log_every,
-        seed=args.seed,
-        autocast=autocast_enabled(args.autocast, device),
-    )
+
+@dataclass
+class TrainState:
+    """Where training starts: a checkpoint's step and optimizer, or nothing; `extra` goes into checkpoints."""
+
+    start_step: int = 0
+    optimizer_state: dict | None = None
+    train_seconds_before: float = 0.0
+    extra: dict = field(default_factory=dict)
+    last: dict | None = None  # the checkpoint's last metrics, for a run that trains no further step
+
+
+def build_draft(cfg: DistillConfig, target: LoadedModel, checkpoint: dict | None):
+    """Resume from the checkpoint, start from --init-from, or from the target's projected embedding."""
     from transformers import LlamaForCausalLM  # noqa: PLC0415
 
-    start_step, optimizer_state, train_seconds_before = 0, None, 0.0
+    try:
+        config = T.draft_config(target.model.config, cfg.shape, target.vocab_size)
+    except ValueError as exc:
+        raise DraftlabError(str(exc)) from None
+    state = TrainState()
     if checkpoint is not None:
         if (
             checkpoint["draft_config"].get("hidden_size") != config.hidden_size
             or checkpoint["draft_config"].get("num_hidden_layers") != config.num_hidden_layers
         ):
             raise DraftlabError(
-                f"the checkpoint in '{work}' has a different draft shape; pass --restart to start over"
+                f"the checkpoint in '{cfg.work}' has a different draft shape; pass --restart to start over"
             )
         draft = LlamaForCausalLM(config)
         draft.load_state_dict(checkpoint["model"])
-        start_step = int(checkpoint["step"])
-        optimizer_state = checkpoint["optimizer"]
-        train_seconds_before = float(checkpoint.get("train_seconds", 0.0))
-    elif args.init_from:
-        # Continue from an existing draft (e.g. the shipped one) when the work folder is gone.
-        draft = LlamaForCausalLM.from_pretrained(resolve_path(args.init_from), dtype=torch.float32)
-        check_compatible(
-            target, LoadedModel(draft, target.tokenizer, ModelSpec(args.init_from), args.init_from)
+        state = TrainState(
+            int(checkpoint["step"]),
+            checkpoint["optimizer"],
+            float(checkpoint.get("train_seconds", 0.0)),
+            last=checkpoint.get("last"),
         )
-        config = draft.config
+    elif cfg.init_from:
+        # Continue from an existing draft (e.g. the shipped one) when the work folder is gone.
+        draft = LlamaForCausalLM.from_pretrained(resolve_path(cfg.init_from), dtype=torch.float32)
+        check_compatible(
+            target, LoadedModel(draft, target.tokenizer, ModelSpec(cfg.init_from), cfg.init_from)
+        )
     else:
-        draft = T.init_draft(config, target.model.get_input_embeddings().weight, args.seed)
+        draft = T.init_draft(config, target.model.get_input_embeddings().weight, cfg.seed)
     draft.generation_config = target.model.generation_config
+    state.extra["train_seconds"] = state.train_seconds_before
+    return draft, state
 
-    log_path = out / "train_log.jsonl"
+
+def train_draft(cfg: DistillConfig, target: LoadedModel, draft, records, state: TrainState, recipe) -> None:
+    """Train up to cfg.train.steps, exporting the draft and its recipe at every checkpoint."""
+    steps = cfg.train.steps
     train_start = time.time()
-    extra = {"train_seconds": train_seconds_before}
-    data_summary = _data_summary(prompt_paths, prompt_items, text_paths, corpus_items, raw_chunks, data_dir)
-    data_summary["jobs"] = len(jobs)
-    data_summary["jobs_not_generated"] = jobs_left
+    extra = state.extra
 
     def on_save(step: int) -> None:
-        extra["train_seconds"] = train_seconds_before + time.time() - train_start
-        export(draft, target, out)
-        _write_recipe(out, args, config, cfg, data_summary, step, extra, None, gen_seconds)
+        extra["train_seconds"] = state.train_seconds_before + time.time() - train_start
+        export(draft, target, cfg.out)
+        recipe.write(step, extra, None)
 
+    with _progress(not cfg.quiet and state.start_step < steps) as progress:
+        task = (
+            progress.add_task("distill", total=steps, completed=state.start_step, info="")
+            if progress
+            else None
+        )
+
+        def on_step(step: int, metrics: dict) -> None:
+            extra["last"] = metrics
+            extra["train_seconds"] = state.train_seconds_before + time.time() - train_start
+            if progress:
+                info = f"loss {metrics['loss']:.3f} kl {metrics['kl']:.3f} top1 {metrics['top1']:.3f}"
+                progress.update(task, completed=step, info=info)
+
+        if state.start_step < steps:
+            T.train(
+                draft,
+                records,
+                cfg.train,
+                cfg.work,
+                torch.device(cfg.device),
+                cfg.out / "train_log.jsonl",
+                state.start_step,
+                state.optimizer_state,
+                on_step=on_step,
+                on_save=on_save,
+                extra_state=extra,
+            )
+    if state.start_step >= steps:
+        on_save(state.start_step)
+    if "last" not in extra and state.last is not None:
+        extra["last"] = state.last
+
+
+def evaluate(cfg: DistillConfig, target: LoadedModel) -> dict | None:
+    """Acceptance and speed-up on held-out prompts through draftlab's own decoding engine."""
+    ev = cfg.eval
+    if ev.prompts is None:
+        return None
+    from draftlab.distill.evaluate import eval_prompts, evaluate_pair  # noqa: PLC0415
+
+    shipped = load_model(ModelSpec(str(cfg.out), cfg.target_dtype, cfg.device))
+    check_compatible(target, shipped)
+    prompts = eval_prompts(ev.prompts, ev.per_category)
+    evaluation = evaluate_pair(target, shipped, prompts, ev.gamma, ev.max_new_tokens)
+    evaluation["prompt_file"] = ev.prompts.name
+    return evaluation
+
+
+def _teacher(cfg: DistillConfig, target: LoadedModel) -> dict:
     tc = target.model.config
-    data_summary["teacher"] = {
-        "name": args.target,
+    return {
+        "name": cfg.target,
         "model_type": tc.model_type,
         "num_hidden_layers": getattr(tc, "num_hidden_layers", None),
         "hidden_size": getattr(tc, "hidden_size", None),
         "vocab_size": target.vocab_size,
         "parameters": target.num_parameters,
-        "dtype": args.target_dtype,
+        "dtype": cfg.target_dtype,
     }
-
-    with _progress(show and start_step < cfg.steps) as progress:
-        task = (
-            progress.add_task("distill", total=cfg.steps, completed=start_step, info="") if progress else None
-        )
-
-        def on_step(step: int, metrics: dict) -> None:
-            extra["last"] = metrics
-            extra["train_seconds"] = train_seconds_before + time.time() - train_start
-            if progress:
-                info = f"loss {metrics['loss']:.3f} kl {metrics['kl']:.3f} top1 {metrics['top1']:.3f}"
-                progress.update(task, completed=step, info=info)
-
-        if start_step < cfg.steps:
-            T.train(
-                draft,
-                records,
-                cfg,
-                work,
-                device,
-                log_path,
-                start_step,
-                optimizer_state,
-                on_step=on_step,
-                on_save=on_save,
-                extra_state=extra,
-            )
-    if start_step >= cfg.steps:
-        on_save(start_step)
-    if "last" not in extra and checkpoint is not None:
-        extra["last"] = checkpoint.get("last")
-
-    # 3. Evaluation on held-out prompts through draftlab's own decoding engine.
-    evaluation = None
-    eval_path = (
-        Path(args.eval_prompts).expanduser() if args.eval_prompts else package_data("builtin_suite.jsonl")
-    )
-    if args.eval_per_category > 0 and eval_path is not None:
-        from draftlab.distill.evaluate import eval_prompts, evaluate_pair  # noqa: PLC0415
-
-        shipped = load_model(ModelSpec(str(out), args.target_dtype, args.device))
-        check_compatible(target, shipped)
-        prompts = eval_prompts(eval_path, args.eval_per_category)
-        evaluation = evaluate_pair(target, shipped, prompts, args.eval_gamma, args.eval_max_new_tokens)
-        evaluation["prompt_file"] = eval_path.name
-    _write_recipe(out, args, config, cfg, data_summary, cfg.steps, extra, evaluation, gen_seconds)
-    result = {
-        "out": str(out),
-        "steps": cfg.steps,
-        "final": extra.get("last"),
-        "evaluation": evaluation,
-        "seconds": time.time() - started,
-    }
-    return result
 
 
 def export(draft, target: LoadedModel, out: Path) -> None:
@@ -293,67 +427,60 @@ def export(draft, target: LoadedModel, out: Path) -> None:
     draft.train(was_training)
 
 
-def _data_summary(prompt_paths, prompt_items, text_paths, corpus_items, raw_chunks, data_dir: Path) -> dict:
-    return {
-        "prompt_files": [
-            {"name": p.name, "bytes": p.stat().st_size, "sha256": D.file_digest(p)} for p in prompt_paths
-        ],
-        "prompts": len(prompt_items),
-        "multi_turn_prompts": sum(1 for _, turns in prompt_items if len(turns) > 1),
-        "text_files": [
-            {"name": p.name, "bytes": p.stat().st_size, "sha256": D.file_digest(p)} for p in text_paths
-        ],
-        "corpus_instructions": len(corpus_items),
-        "raw_chunks": len(raw_chunks),
-        "shards": D.data_stats(data_dir) if data_dir.exists() else {},
-    }
+@dataclass
+class Recipe:
+    """recipe.json and README.md beside the draft: how it was made, rewritten at every checkpoint."""
 
+    cfg: DistillConfig
+    data_summary: dict
+    gen_seconds: float
+    draft_config: object = None  # the draft's LlamaConfig, once the draft exists
 
-def _write_recipe(out, args, config, cfg, data_summary, step, extra, evaluation, gen_seconds) -> None:
-    cli = {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)}
-    params = sum(
-        p
-        for p in [
-            config.vocab_size * config.hidden_size,
-            config.num_hidden_layers
-            * (
-                config.hidden_size * config.hidden_size * 2
-                + 2 * config.hidden_size * config.num_key_value_heads * config.head_dim
-                + 3 * config.hidden_size * config.intermediate_size
-                + 2 * config.hidden_size
-            ),
-            config.hidden_size,
-        ]
-    )
-    recipe = {
-        "what": "draft model distilled from the target by `draftlab distill` (KL to the target's top-k "
-        "next-token distributions on its own responses, DistillSpec-style)",
-        "cli": cli,
-        "draft_config": {
-            "architecture": "LlamaForCausalLM",
-            "vocab_size": config.vocab_size,
-            "hidden_size": config.hidden_size,
-            "num_hidden_layers": config.num_hidden_layers,
-            "intermediate_size": config.intermediate_size,
-            "num_attention_heads": config.num_attention_heads,
-            "num_key_value_heads": config.num_key_value_heads,
-            "tie_word_embeddings": True,
-            "parameters": params,
-            "init": f"the weights of {args.init_from} (--init-from)"
-            if args.init_from
-            else "embedding = target embedding projected onto its top singular directions; rest random",
-        },
-        "train_config": {k: v for k, v in vars(cfg).items()},
-        "data": data_summary,
-        "generation_seconds_this_run": round(gen_seconds, 1),
-        "trained_steps": step,
-        "train_seconds": round(extra.get("train_seconds", 0.0), 1),
-        "final_metrics": extra.get("last"),
-        "evaluation": evaluation,
-        "torch": torch.__version__,
-    }
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str) + "\n")
-    (out / "README.md").write_text(_readme(recipe))
+    def write(self, step: int, extra: dict, evaluation: dict | None) -> None:
+        config, cfg = self.draft_config, self.cfg
+        params = sum(
+            p
+            for p in [
+                config.vocab_size * config.hidden_size,
+                config.num_hidden_layers
+                * (
+                    config.hidden_size * config.hidden_size * 2
+                    + 2 * config.hidden_size * config.num_key_value_heads * config.head_dim
+                    + 3 * config.hidden_size * config.intermediate_size
+                    + 2 * config.hidden_size
+                ),
+                config.hidden_size,
+            ]
+        )
+        recipe = {
+            "what": "draft model distilled from the target by `draftlab distill` (KL to the target's top-k "
+            "next-token distributions on its own responses, DistillSpec-style)",
+            "cli": cfg.cli,
+            "draft_config": {
+                "architecture": "LlamaForCausalLM",
+                "vocab_size": config.vocab_size,
+                "hidden_size": config.hidden_size,
+                "num_hidden_layers": config.num_hidden_layers,
+                "intermediate_size": config.intermediate_size,
+                "num_attention_heads": config.num_attention_heads,
+                "num_key_value_heads": config.num_key_value_heads,
+                "tie_word_embeddings": True,
+                "parameters": params,
+                "init": f"the weights of {cfg.init_from} (--init-from)"
+                if cfg.init_from
+                else "embedding = target embedding projected onto its top singular directions; rest random",
+            },
+            "train_config": {k: v for k, v in vars(cfg.train).items()},
+            "data": self.data_summary,
+            "generation_seconds_this_run": round(self.gen_seconds, 1),
+            "trained_steps": step,
+            "train_seconds": round(extra.get("train_seconds", 0.0), 1),
+            "final_metrics": extra.get("last"),
+            "evaluation": evaluation,
+            "torch": torch.__version__,
+        }
+        write_text(cfg.out / "recipe.json", json.dumps(recipe, indent=2, default=str) + "\n")
+        write_text(cfg.out / "README.md", _readme(recipe))
 
 
 def _readme(recipe: dict) -> str:

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from draftlab.files import atomic_path
+
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -252,9 +254,8 @@ def save_checkpoint(work_dir: Path, draft, optimizer, step: int, cfg: TrainConfi
         "draft_config": draft.config.to_dict(),
         **extra,
     }
-    tmp = work_dir / (CHECKPOINT + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(work_dir / CHECKPOINT)
+    with atomic_path(work_dir / CHECKPOINT) as tmp:
+        torch.save(payload, tmp)
 
 
 def load_checkpoint(work_dir: Path) -> dict | None:

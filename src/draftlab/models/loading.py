@@ -16,10 +16,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from draftlab.errors import DraftlabError
+from draftlab.errors import DraftlabError, first_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+# Tokens whose role must agree between target and draft (the vocabularies being equal, their ids then do).
+SPECIAL_TOKENS = ("bos_token", "eos_token")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if _looks_like_path(path) and not Path(path).expanduser().exists():
         raise DraftlabError(f"model '{spec.name}' not found: no such folder")
     path = str(Path(path).expanduser()) if Path(path).expanduser().exists() else path
+    if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+        raise DraftlabError(
+            f"model '{spec.name}': '{path}' is a folder without a model (config.json missing)"
+        )
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftlabError(f"device '{spec.device}' requested but CUDA is not available")
     try:
@@ -108,7 +114,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     except (OSError, ValueError) as exc:
         raise DraftlabError(
             f"model '{spec.name}' is not available offline: it is not a local folder, not a registry name "
-            f"(see `draftlab models list`) and not in the Hugging Face cache ({_first_line(exc)})"
+            f"(see `draftlab models list`) and not in the Hugging Face cache ({first_line(exc)})"
         ) from None
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     kwargs: dict = {"dtype": DTYPES[spec.dtype]}
@@ -119,7 +125,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     try:
         model = auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
-        raise DraftlabError(f"model '{spec.name}' could not be loaded: {_first_line(exc)}") from None
+        raise DraftlabError(f"model '{spec.name}' could not be loaded: {first_line(exc)}") from None
     if spec.device != "auto":
         model.to(spec.device)
     model.eval()
@@ -137,11 +143,6 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
     return ids
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     """Speculative decoding compares distributions token by token: the ids must mean the same."""
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
@@ -156,8 +157,44 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
             f"incompatible tokenizers: target '{target.spec.name}' and draft '{draft.spec.name}' "
             f"have different vocabularies ({detail})"
         )
+    for role in SPECIAL_TOKENS:
+        t_token, d_token = getattr(target.tokenizer, role, None), getattr(draft.tokenizer, role, None)
+        if t_token is not None and d_token is not None and t_token != d_token:
+            raise DraftlabError(
+                f"incompatible tokenizers: target '{target.spec.name}' and draft '{draft.spec.name}' "
+                f"have different {role.replace('_', ' ')}s ({t_token!r} vs {d_token!r})"
+            )
     if target.is_encoder_decoder != draft.is_encoder_decoder:
         raise DraftlabError(
             f"incompatible models: target '{target.spec.name}' and draft '{draft.spec.name}' "
             "must both be decoder-only or both encoder-decoder"
+        )
+
+
+def needed_context(lm: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> int:
+    """Positions a generation uses: the prompt and every new token (an encoder holds the prompt only)."""
+    return prompt_tokens + (0 if lm.is_encoder_decoder else max_new_tokens)
+
+
+def check_context(
+    target: LoadedModel, draft: LoadedModel | None, prompt_tokens: int, max_new_tokens: int
+) -> None:
+    """Refuse before generating when the target or the draft cannot hold the prompt and the new tokens.
+
+    A draft with a shorter context than the target (a GPT-2 draft with n_positions 64) would
+    otherwise fail mid-run with an IndexError in its position embeddings.
+    """
+    wants = f"a prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens}"
+    limit = target.context_length
+    if limit is not None and needed_context(target, prompt_tokens, max_new_tokens) > limit:
+        raise DraftlabError(
+            f"{wants} exceeds the model's context of {limit} tokens (target '{target.spec.name}')"
+        )
+    if draft is None or draft.context_length is None:
+        return
+    needed = needed_context(draft, prompt_tokens, max_new_tokens)
+    if needed > draft.context_length:
+        raise DraftlabError(
+            f"draft '{draft.spec.name}' has a context of {draft.context_length} tokens, target "
+            f"'{target.spec.name}' {limit if limit is not None else 'unlimited'}: {wants} needs {needed}"
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.files import write_text
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import LoadedModel
 
@@ -295,7 +296,7 @@ def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int,
 
 def profile_dir() -> Path:
     """$DRAFTLAB_PROFILE_DIR, else profiles/ under the draftlab home."""
-    from draftlab.models.registry import home
+    from draftlab.models.cache import home
 
     env = os.environ.get("DRAFTLAB_PROFILE_DIR")
     return Path(env).expanduser() if env else home() / "profiles"
@@ -320,9 +321,7 @@ def load_cached(lm: LoadedModel) -> Profile | None:
 def save(lm: LoadedModel, profile: Profile) -> Path:
     path = profile_path(lm)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(profile.to_json())
-    os.replace(tmp, path)
+    write_text(path, profile.to_json())
     return path
 
 

@@ -1,0 +1,216 @@
+"""What `bench` and `sweep` share: suite and run arguments, the --out folder, variants and the run itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import torch
+import transformers
+from rich.console import Console
+
+from draftlab import __version__
+from draftlab.bench.records import RunInfo
+from draftlab.bench.report import render
+from draftlab.bench.runner import BenchPlan, Variant, run_bench
+from draftlab.bench.suites import SUBTASKS, load_suite
+from draftlab.cli.common import add_method_args, add_model_args
+from draftlab.cli.console import report_console
+from draftlab.errors import DraftlabError
+from draftlab.files import LOCK_FILE, folder_lock
+from draftlab.models.loading import LoadedModel
+from draftlab.models.profile import hardware
+
+
+def add_run_command_args(
+    p: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], int],
+    kind: Callable[[argparse.Namespace], str],
+) -> None:
+    """Model, decoding, prompt and run options; `run` runs with --out checked and held (default
+    folder runs/<kind>-<time>)."""
+    add_model_args(p)
+    add_method_args(p)
+    add_suite_args(p)
+    add_run_args(p)
+
+    def held(args: argparse.Namespace) -> int:
+        with claimed_out(args, kind(args)):
+            return run(args)
+
+    p.set_defaults(func=held)
+
+
+def add_suite_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("prompts")
+    g.add_argument(
+        "--suite",
+        default="builtin",
+        help="builtin, a JSONL file (Spec-Bench or generic), or hf:DATASET[:CONFIG]:SPLIT",
+    )
+    g.add_argument(
+        "--subtasks",
+        default=None,
+        help=f"comma-separated subtasks (default: all; builtin: {', '.join(SUBTASKS)})",
+    )
+    g.add_argument("--limit", type=int, default=2, help="prompts per subtask (default 2)")
+    g.add_argument("--full", action="store_true", help="every prompt of the suite (ignores --limit)")
+    g.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    g.add_argument("--hf-field", default="text", help="hf suites: the text field")
+    g.add_argument("--hf-subtask", default="summarization", help="hf suites: the subtask name")
+    g.add_argument(
+        "--hf-instruction", default="Summarize the following article.\n\n{text}", help="hf suites: template"
+    )
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=None, help="results folder (default: runs/<kind>-<time>)")
+    g.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    g.add_argument("--repeats", type=int, default=1)
+    g.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per variant")
+    g.add_argument("--per-example", action="store_true", help="also print the per-example timing table")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def parse_list(text: str, kind, name: str) -> list:
+    try:
+        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DraftlabError(f"invalid {name} list: '{text}'") from None
+    if not values:
+        raise DraftlabError(f"empty {name} list")
+    return values
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """Refuse an unusable --out before any model loads: a file, a path under a file, no write access."""
+    if args.resume and not args.out:
+        raise DraftlabError("--resume needs --out (the folder of the run to continue)")
+    if not args.out:
+        return
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DraftlabError(f"--out '{out}' is a file, not a folder")
+    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise DraftlabError(f"--out '{out}' lies under '{existing}', which is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DraftlabError(f"--out '{out}' is not writable ('{existing}' does not allow it)")
+
+
+@contextmanager
+def claimed_out(args: argparse.Namespace, kind: str) -> Iterator[Path]:
+    """Check --out, then hold it (created if needed) for the whole run: one writer per folder.
+
+    A folder this run created is removed again if the run fails before writing anything into it.
+    """
+    check_out(args)
+    if not args.out:
+        args.out = str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out)
+    created = [p for p in [out, *out.parents] if not p.exists()]  # the folder first, then its parents
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with folder_lock(out):
+            yield out
+    except BaseException:
+        if created:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            with suppress(OSError):
+                for folder in created:
+                    folder.rmdir()  # only while empty: nothing the run wrote is removed
+        raise
+
+
+def suite_examples(args: argparse.Namespace):
+    subtasks = [s.strip() for s in args.subtasks.split(",")] if args.subtasks else None
+    return load_suite(
+        args.suite,
+        subtasks,
+        None if args.full else args.limit,
+        hf_field=args.hf_field,
+        hf_subtask=args.hf_subtask,
+        hf_instruction=args.hf_instruction,
+    )
+
+
+def variant_params(args: argparse.Namespace, config, **extra) -> dict:
+    params = {
+        **config.settings(),
+        "attn_implementation": args.attn_implementation or "default",
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+    }
+    params.update(extra)
+    return params
+
+
+def execute(
+    args: argparse.Namespace,
+    kind: str,
+    variants: list[Variant],
+    baselines: dict[str, str],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    examples,
+    extra: dict | None = None,
+) -> int:
+    out = Path(args.out)  # set and held by claimed_out
+    plan = BenchPlan(
+        variants,
+        examples,
+        args.max_new_tokens,
+        chat=not args.no_chat,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        baselines=baselines,
+    )
+    info = RunInfo(
+        target=target.spec.name,
+        draft=draft.spec.name if draft else None,
+        dtype=target.spec.dtype if draft is None else f"{target.spec.dtype}/{draft.spec.dtype}",
+        device=target.spec.device if draft is None else f"{target.spec.device}/{draft.spec.device}",
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        baseline="ar" if "ar" in baselines.values() else next(iter(baselines.values())),
+        labels=[v.label for v in variants],
+        suite=args.suite,
+        extra={
+            "kind": kind,
+            "baselines": baselines,
+            "examples": len(examples),
+            "turns": sum(len(e.turns) for e in examples),
+            "repeats": args.repeats,
+            "chat": not args.no_chat,
+            "sampling": {"top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+            "variants": {v.label: json.loads(json.dumps(v.params, default=str)) for v in variants},
+            "torch_threads": torch.get_num_threads(),
+            "versions": {
+                "draftlab": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+            "host": {
+                "machine": platform.machine(),
+                "processor": platform.processor(),
+                "python": platform.python_version(),
+            },
+            "hardware": hardware(target.device),
+            "dtype_choice": getattr(args, "dtype_choices", {}).get(target.spec.name),
+            "sizing": "fixed k" if getattr(args, "fixed_k", False) else "cost-aware",
+            **(extra or {}),
+        },
+    )
+    Console(stderr=True, quiet=args.quiet).print(
+        f"[bold]draftlab {kind}[/] → {out}  ({len(examples)} examples, {len(variants)} variants)"
+    )
+    run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
+    render(out, report_console(False), per_example=args.per_example)
+    return 0

@@ -1,0 +1,67 @@
+"""Files a run writes: whole or not at all, and one run at a time per results folder.
+
+`atomic_path` hands out a temporary name beside the file and renames it over the file (os.replace)
+once the block has written it, so a reader or an interrupted run never sees half a file.
+`folder_lock` is an OS-level lock (the `filelock` package): the kernel drops it when its process
+dies, even by kill -9, so a stale lock never blocks a `--resume`. The holder's pid, written beside
+the lock, is only there to name the holder in the error.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from draftlab.errors import DraftlabError
+
+LOCK_FILE = ".draftlab.lock"
+PID_FILE = ".draftlab.lock.pid"
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """A temporary path in `path`'s folder; it replaces `path` when the block ends without error."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def lock_holder(directory: Path) -> str:
+    try:
+        return (directory / PID_FILE).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@contextmanager
+def folder_lock(directory: Path) -> Iterator[None]:
+    """Hold `directory` for this process; another holder ends in a one-line error naming its pid."""
+    lock = FileLock(str(directory / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise DraftlabError(
+            f"'{directory}' is in use by another draftlab run (pid {lock_holder(directory)}): "
+            "wait for it to end, or choose another --out"
+        ) from None
+    try:
+        write_text(directory / PID_FILE, f"{os.getpid()}\n")  # a dead holder's pid is overwritten here
+        yield
+    finally:
+        (directory / PID_FILE).unlink(missing_ok=True)  # before the release: the next holder's pid stays
+        lock.release()

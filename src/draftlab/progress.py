@@ -1,0 +1,23 @@
+"""The progress bar long runs draw on stderr: bench generations, distillation data and training."""
+
+from __future__ import annotations
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def progress_bar(title: str | None = None, info: bool = False, **kwargs) -> Progress:
+    """`title` (or the task's description) · bar · n/N · [description] · elapsed · ETA · [info field]."""
+    columns = [TextColumn(title or "{task.description}"), BarColumn(), MofNCompleteColumn()]
+    if title:
+        columns.append(TextColumn("{task.description}"))
+    columns += [TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    if info:
+        columns.append(TextColumn("{task.fields[info]}"))
+    return Progress(*columns, **kwargs)

@@ -1,0 +1,230 @@
+"""Bad input to the real CLI: exit code 2, one line on stderr naming the value, no traceback, no file changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import QUIET, pair_args, write_suite
+from tiny import make_model
+
+from draftlab.cli import main
+from draftlab.files import LOCK_FILE, PID_FILE, atomic_path, folder_lock
+
+ROWS = [
+    {"id": "s1", "category": "summarization", "prompt": "the cat sat on the mat and then the dog ran"},
+    {"id": "q1", "category": "qa", "prompt": "the big red tree and the small blue house"},
+]
+
+
+@pytest.fixture()
+def suite(tmp_path):
+    return write_suite(tmp_path / "suite.jsonl", ROWS)
+
+
+def bench(tiny_pair, suite, out, *extra):
+    run = ["--suite", str(suite), "--full", "--max-new-tokens", "4", "--methods", "ar,sps", "--out", str(out)]
+    return ["bench", *pair_args(tiny_pair), *run, *QUIET, *extra]
+
+
+def refused(capsys, argv, *fragments) -> str:
+    """The in-process CLI: exit 2, exactly one line on stderr, no traceback, every fragment named."""
+    assert main(argv) == 2
+    return one_line(capsys.readouterr().err, fragments)
+
+
+def one_line(err: str, fragments) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("draftlab: error:") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m draftlab.cli ...` in a child process: the real entry point, exit code and stderr."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's content and mtime, the lock file aside (it stays, by design, and holds nothing)."""
+    return {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != LOCK_FILE
+    }
+
+
+# ---------------------------------------------------------------- --out
+
+
+@pytest.mark.parametrize("kind", ["file", "under-file", "unwritable"])
+@pytest.mark.parametrize("command", [["bench"], ["sweep", "gamma"]])
+def test_an_unusable_out_is_refused_before_loading(capsys, tmp_path, command, kind):
+    if kind == "unwritable" and os.geteuid() == 0:
+        pytest.skip("root writes anywhere: the under-file case covers a folder that cannot be made")
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    out = {"file": blocker, "under-file": blocker / "sub" / "run"}.get(kind)
+    if kind == "unwritable":
+        locked = tmp_path / "ro"
+        locked.mkdir(mode=0o500)
+        out = locked / "run"
+    named = {"file": "is a file", "under-file": "which is a file", "unwritable": "not writable"}[kind]
+    # The target does not exist: a check that ran after loading would report that instead.
+    refused(capsys, [*command, "--target", str(tmp_path / "missing"), "--out", str(out)], str(out), named)
+    assert blocker.read_text() == "x"
+
+
+# ---------------------------------------------------------------- --resume with other settings
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    path = write_suite(root / "suite.jsonl", ROWS)
+    out = root / "run"
+    assert main(bench(tiny_pair, path, out)) == 0
+    return path, out
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        (["--temperature", "0.5"], ["temperature was 0.0, now 0.5"]),
+        (["--gamma", "2"], ["sps gamma was 4, now 2"]),
+        (["--no-chat"], ["chat was True, now False"]),
+        (
+            ["--temperature", "0.5", "--gamma", "2", "--no-chat"],
+            ["temperature was 0.0, now 0.5", "sps gamma was 4, now 2", "chat was True, now False"],
+        ),
+    ],
+)
+def test_resume_with_changed_settings_names_each_and_changes_no_file(
+    capsys, tiny_pair, finished_run, changes, named
+):
+    suite, out = finished_run
+    before = snapshot(out)
+    refused(capsys, [*bench(tiny_pair, suite, out, "--resume"), *changes], "cannot resume", *named)
+    assert snapshot(out) == before
+
+
+# ---------------------------------------------------------------- one writer per folder
+
+
+def test_a_second_run_into_a_held_folder_names_the_holder(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with folder_lock(out):
+        # The real command in a child process: the lock is refused before any model loads.
+        done = cli("bench", "--target", str(tmp_path / "missing"), "--out", str(out))
+        assert done.returncode == 2, done.stderr
+        one_line(done.stderr, [str(out), f"pid {os.getpid()}", "in use"])
+        done = cli("sweep", "gamma", "--target", str(tmp_path / "missing"), "--out", str(out))
+        assert done.returncode == 2, done.stderr
+        one_line(done.stderr, [f"pid {os.getpid()}"])
+    assert not (out / PID_FILE).exists(), "the holder's pid file goes with its lock"
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block_resume(tiny_pair, suite, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from draftlab.files import folder_lock\n"
+            "with folder_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert holder.stdout.readline().strip() == "held"
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert (out / PID_FILE).read_text().strip() == str(holder.pid), "kill -9 leaves the pid file behind"
+    assert main(bench(tiny_pair, suite, out, "--resume")) == 0
+    assert (out / "report.md").exists()
+    assert not (out / PID_FILE).exists()
+
+
+def test_a_failed_run_removes_the_folder_it_created(capsys, tmp_path):
+    out = tmp_path / "new" / "run"
+    refused(
+        capsys,
+        ["bench", "--target", str(tmp_path / "missing"), "--methods", "ar", "--out", str(out)],
+        "missing",
+    )
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+# ---------------------------------------------------------------- models checked before generating
+
+
+@pytest.fixture(scope="module")
+def short_draft(tmp_path_factory):
+    """A GPT-2 target with 512 positions and a GPT-2 draft of the same tokenizer with only 64."""
+    root = tmp_path_factory.mktemp("short")
+    target = make_model("gpt2", root / "target", seed=1, hidden=32, layers=1)
+    draft = make_model("gpt2", root / "draft", seed=2, hidden=32, layers=1, context=64)
+    return target, draft
+
+
+LONG_PROMPT = "the cat sat on the mat and the dog ran under the tree " * 3
+
+
+def test_a_draft_with_a_short_context_is_refused_before_generating(capsys, short_draft, tmp_path):
+    target, draft = short_draft
+    models = ["--target", str(target), "--draft", str(draft), "--dtype", "float32"]
+    refused(
+        capsys,
+        ["generate", *models, "--max-new-tokens", "48", LONG_PROMPT],
+        f"draft '{draft}' has a context of 64 tokens",
+        f"target '{target}' 512",
+    )
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"id": "a", "category": "qa", "prompt": LONG_PROMPT}) + "\n")
+    out = tmp_path / "run"
+    argv = ["bench", *models, "--suite", str(suite), "--max-new-tokens", "48", "--out", str(out), "--quiet"]
+    refused(capsys, [*argv, "--methods", "ar,sps"], "context of 64 tokens", "512")
+    assert not out.exists(), "nothing is written for a run that cannot start"
+    # Methods without the draft do not need its context.
+    assert main([*argv, "--methods", "ar,pld", "--warmup", "0"]) == 0
+
+
+def test_an_empty_folder_as_target_says_config_json_is_missing(capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = refused(capsys, ["generate", "--target", str(empty), "--method", "ar", "x"], str(empty))
+    assert "folder without a model (config.json missing)" in line and "not a local folder" not in line
