@@ -260,7 +260,7 @@ class SpeculativeDecoder:
     ) -> tuple[Proposal, Choice | None]:
         """This round's proposal, and the sizer's choice of k when rounds are sized."""
         sizer, proposer = self.sizer, self.proposer
-        if self.trees:
+        if proposer.makes_trees:  # on a target without tree support: its best chain (self.trees)
             return self._propose_tree(sequence, budget, params, sampler)
         if sizer is None:
             return proposer.propose(sequence, min(self.gamma, budget), params, sampler), None
@@ -291,7 +291,8 @@ class SpeculativeDecoder:
         if not isinstance(sizer, TreeSizer):
             proposal = proposer.propose(sequence, depth, params, sampler)
             if self.tree_budget is not None:
-                return proposal.best(proposal.path_values(proposal.scores or []), self.tree_budget), None
+                scores = proposal.scores or [1.0] * len(proposal.tokens)
+                return proposal.best(proposal.path_values(scores), self.tree_budget), None
             return proposal.select(proposal.top_path()[: self.gamma]), None
         drafted_ms = 0.0
         if proposer.draft_passes:

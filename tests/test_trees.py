@@ -1,0 +1,356 @@
+"""Token trees: one pass scores every branch, the cache keeps only the accepted path, every tree
+method reproduces `ar` token for token in float32, and tree sampling is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sampling_exact import PARAMS, PROMPT, VOCAB, ResampleFromTargetRule, chi_square_p, exact_joint
+from test_sampling_exact import pair as pair  # noqa: F401 - the vocab-6 fixture, shared
+from test_sizing import FLAT, MODERATE, STEEP, curve
+from tiny import FAMILIES
+
+from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.loop import SpeculativeDecoder
+from draftlab.decode.sizing import CostModel, TreeSizer
+from draftlab.errors import DraftlabError
+from draftlab.models import CachedModel, ModelSpec, load_model
+from draftlab.models.prompting import encode_prompt
+from draftlab.proposal import Proposal
+from draftlab.proposers import DraftTreeProposer, LookupTreeProposer, SuffixProposer
+from draftlab.proposers.base import Proposer
+from draftlab.proposers.hybrid import merge_trees
+from draftlab.sampling import SamplingParams, warp_probs
+from draftlab.verify.rules import SpeculativeRule
+
+GREEDY = SamplingParams()
+TREE_METHODS = ("pld-tree", "sps-tree", "hybrid", "suffix")
+DECODER_ONLY = tuple(f for f in FAMILIES if f != "t5")
+PROMPT_TEXT = "the cat sat on the mat and then the dog ran on the mat and then the cat sat on the"
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            target_dir, draft_dir = tiny_pair[family]
+            cache[family] = (
+                load_model(ModelSpec(str(target_dir), dtype="float32")),
+                load_model(ModelSpec(str(draft_dir), dtype="float32")),
+            )
+        return cache[family]
+
+    return get
+
+
+# ------------------------------------------------------------------ the tree pass and the cache
+
+
+def _fed(model: CachedModel, prefix: list[int]) -> None:
+    model.start(prefix)
+    model.forward(prefix[:-1])
+
+
+@pytest.mark.parametrize("family", DECODER_ONLY)
+def test_a_tree_pass_scores_each_branch_as_that_branch_alone(family, loaded):
+    target, _ = loaded(family)
+    model = CachedModel(target)
+    if not model.supports_trees():
+        assert family == "bloom", "only ALiBi-from-the-2D-mask Bloom is expected to refuse trees"
+        return
+    prefix = [5, 9, 14, 20, 7, 33]
+    #        root ─ 40 ─ 41 ─ 42
+    #             └ 50 ─ 51
+    #             │    └ 52
+    #             └ 60
+    tokens = [40, 50, 60, 41, 51, 52, 42]
+    parents = [-1, -1, -1, 0, 1, 1, 3]
+    _fed(model, prefix)
+    tree = model.forward(prefix[-1:] + tokens, tree=parents)
+    for branch in ([0, 3, 6], [1, 4], [1, 5], [2]):
+        _fed(model, prefix)
+        alone = model.forward(prefix[-1:] + [tokens[i] for i in branch])
+        rows = [0] + [i + 1 for i in branch]
+        torch.testing.assert_close(tree[rows], alone, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ("llama", "gpt2", "opt", "qwen2", "gpt_neox"))
+def test_after_a_non_first_branch_wins_the_cache_is_that_path_alone(family, loaded):
+    target, _ = loaded(family)
+    model = CachedModel(target)
+    prefix = [5, 9, 14, 20, 7, 33]
+    tokens = [40, 50, 60, 51, 52]
+    parents = [-1, -1, -1, 1, 1]
+    _fed(model, prefix)
+    model.forward(prefix[-1:] + tokens, tree=parents)
+    model.keep_path(len(prefix), [1, 4])  # 50 -> 52: the second child, then a second grandchild
+    next_logits = model.forward([77])
+    reference = CachedModel(target)
+    reference.start(prefix)
+    reference.forward(prefix + [50, 52])
+    for got, want in zip(model._cache.layers, reference._cache.layers, strict=True):
+        torch.testing.assert_close(got.keys[..., : len(prefix) + 2, :], want.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.values[..., : len(prefix) + 2, :], want.values, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(next_logits, reference.forward([77]), atol=1e-4, rtol=1e-4)
+
+
+def test_a_draft_grows_a_tree_over_several_calls(loaded):
+    """Level by level, as EAGLE-2 drafts: a later call's nodes see the earlier calls' ancestors."""
+    target, _ = loaded("llama")
+    model = CachedModel(target)
+    prefix = [5, 9, 14, 20]
+    _fed(model, prefix)
+    model.forward(prefix[-1:], keep=1)
+    first = model.forward([40, 50], tree=[-1, -1])
+    second = model.forward([41, 51], tree=[0, 1])
+    for branch, rows in (([40, 41], (first[0], second[0])), ([50, 51], (first[1], second[1]))):
+        _fed(model, prefix)
+        alone = model.forward(prefix[-1:] + branch)[1:]
+        torch.testing.assert_close(torch.stack(rows), alone, atol=1e-4, rtol=1e-4)
+
+
+def test_proposal_tree_helpers():
+    p = Proposal([1, 2, 3, 4, 5], parents=[-1, -1, 0, 0, 2], scores=[0.6, 0.25, 0.5, 0.4, 0.9])
+    assert p.is_tree and p.depths() == [1, 1, 2, 2, 3]
+    assert p.children()[-1] == [0, 1] and p.children()[0] == [2, 3]
+    assert p.top_path() == [0, 2, 4]
+    values = p.path_values(p.scores)
+    assert values == pytest.approx([0.6, 0.25, 0.3, 0.24, 0.27])
+    best = p.best(values, 3)
+    assert best.tokens == [1, 3, 5] and best.parents == [-1, 0, 1]  # ancestor-closed, re-indexed
+    chain = Proposal([7, 8, 9])
+    assert not chain.is_tree and chain.parent_list() == [-1, 0, 1]
+    assert not Proposal([7, 8], parents=[-1, 0]).is_tree
+
+
+# ------------------------------------------------------------------ the greedy rule on trees
+
+
+def test_greedy_tree_rule_follows_the_targets_argmax_through_any_branch():
+    vocab = 8
+    tokens = [3, 5, 6, 2]
+    parents = [-1, -1, 1, 1]  # root -> 3 | 5 -> {6, 2}
+    logits = torch.full((5, vocab), -5.0)
+    logits[0, 5] = 5.0  # at the root the target wants 5: the second child
+    logits[2, 2] = 5.0  # after 5 it wants 2: node 3, again a second child
+    logits[4, 7] = 5.0  # after 2 it wants 7: nothing proposed, so 7 is its own token
+    verdict = SpeculativeRule().verify(Proposal(tokens, parents=parents), logits, GREEDY, None)
+    assert verdict.path == [1, 3] and verdict.accepted == 2 and verdict.next_token == 7
+
+
+# ------------------------------------------------------------------ greedy equality with ar
+
+
+def _tree_decoder(method, target, draft, budget=None, cost=None, gamma=4):
+    config = DecoderConfig(method=method, gamma=gamma, tree_budget=budget, pld_tokens=6)
+    return build_decoder(config, target, draft, cost)
+
+
+@pytest.mark.parametrize("family", DECODER_ONLY)
+def test_every_tree_method_matches_ar(family, loaded):
+    target, draft = loaded(family)
+    ids = encode_prompt(target, PROMPT_TEXT, chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 48, GREEDY)
+    cost = CostModel(MODERATE, curve({1: 1.0, 2: 1.1, 16: 2.0}))
+    for method in TREE_METHODS:
+        for budget, shape in ((16, None), (3, None), (None, cost), (None, None)):
+            decoder = _tree_decoder(method, target, draft, budget, shape)
+            out = decoder.generate(ids, 48, GREEDY)
+            assert out.tokens == ar.tokens, f"{family} {method} budget={budget} differs from ar"
+            if family == "bloom":
+                assert out.stats.tree_fallback, "bloom cannot take a tree mask: the report must say so"
+            elif budget == 16 and method in ("sps-tree", "hybrid"):
+                assert out.stats.tree_nodes > 1.5 * out.stats.tree_rounds, "trees, not chains, were verified"
+
+
+def _noisy_copy(model_dir, out_dir, scale=0.6, seed=0):
+    """A draft that is close to the target but not equal: the target's weights plus noise."""
+    lm = load_model(ModelSpec(str(model_dir), dtype="float32"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * scale)
+    lm.model.save_pretrained(out_dir)
+    lm.tokenizer.save_pretrained(out_dir)
+    return load_model(ModelSpec(str(out_dir), dtype="float32"))
+
+
+def test_tree_methods_match_ar_over_1000_tokens_with_stories(stories, tmp_path):
+    model = load_model(ModelSpec(str(stories), dtype="float32"))
+    model.model.config.max_position_embeddings = 1200
+    model.eos_token_ids = set()
+    draft = _noisy_copy(stories, tmp_path / "noisy")
+    ids = encode_prompt(model, "Once upon a time, there was a little dog named Max.", chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), model).generate(ids, 1000, GREEDY)
+    assert len(ar.tokens) == 1000
+    cost = CostModel(FLAT, curve({1: 4.0, 2: 4.2, 16: 6.0}))
+    for method, budget in (("pld-tree", None), ("sps-tree", 32), ("hybrid", None), ("suffix", 16)):
+        out = _tree_decoder(method, model, draft, budget, cost).generate(ids, 1000, GREEDY)
+        assert out.tokens == ar.tokens, f"{method} budget={budget} differs from ar"
+        assert out.stats.tree_rounds > 0
+        if method == "sps-tree":
+            assert out.stats.branch_wins > 10, "a noisy draft's second choices must win some rounds"
+
+
+def test_tree_methods_match_ar_over_1000_tokens_random_init(tiny_pair):
+    target = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    draft = load_model(ModelSpec(str(tiny_pair["llama"][1]), dtype="float32"))
+    target.eos_token_ids = set()
+    target.model.config.max_position_embeddings = 1200
+    ids = encode_prompt(target, PROMPT_TEXT, chat=False)
+    ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 1000, GREEDY)
+    for method, shape in (("pld-tree", STEEP), ("sps-tree", FLAT), ("hybrid", STEEP), ("suffix", FLAT)):
+        cost = CostModel(shape, curve({1: 1.0, 2: 1.1, 16: 2.0}))
+        out = _tree_decoder(method, target, draft, None, cost).generate(ids, 1000, GREEDY)
+        assert out.tokens == ar.tokens, f"{method} differs from ar"
+
+
+def test_tree_methods_refuse_an_encoder_decoder_target(loaded):
+    target, draft = loaded("t5")
+    for method in TREE_METHODS:
+        with pytest.raises(DraftlabError, match="decoder-only"):
+            _tree_decoder(method, target, draft)
+
+
+# ------------------------------------------------------------------ proposers
+
+
+def test_lookup_tree_holds_every_match_most_frequent_first():
+    proposer = LookupTreeProposer(max_ngram=2, depth=3)
+    seq = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 7, 8, 1, 2]
+    proposer.start(seq, seq)
+    tree = proposer.propose(seq, 3, GREEDY, None)
+    paths = {tuple(tree.tokens[i] for i in _path(tree, leaf)) for leaf in _leaves(tree)}
+    assert paths == {(3, 4, 1), (3, 5, 1), (7, 8, 1)}
+    assert tree.tokens[tree.children()[-1][0]] == 3, "3 followed '1 2' twice: it comes first"
+    assert tree.kind == "2-gram tree"
+
+
+def test_suffix_uses_earlier_outputs_but_never_one_for_the_same_prompt():
+    proposer = SuffixProposer(max_depth=4, min_score=0.0)
+    earlier = [10, 11, 12, 13, 14, 15]
+    proposer.start([1, 2], [1, 2])
+    proposer.finish([1, 2], earlier)
+    proposer.start([3, 4, 10, 11], [3, 4, 10, 11])  # another prompt: output #1 may be used
+    tree = proposer.propose([3, 4, 10, 11], 4, GREEDY, None)
+    assert tree.tokens[:2] == [12, 13] and proposer.info()["earlier_outputs_used"] == {"output #1": 1}
+    proposer.start([1, 2], [1, 2])  # the same prompt again: its own earlier output is off limits
+    assert proposer.propose([1, 2, 10, 11], 4, GREEDY, None).tokens == []
+
+
+def test_merged_trees_share_common_paths():
+    a = Proposal([5, 6], parents=[-1, 0], scores=[0.9, 0.8], sources=["draft"] * 2)
+    b = Proposal([5, 7, 8], parents=[-1, 0, -1], scores=[1.0, 1.0, 0.5], sources=["lookup"] * 3)
+    merged = merge_trees([a, b], 16)
+    assert sorted(merged.tokens) == [5, 6, 7, 8]
+    five = merged.tokens.index(5)
+    assert merged.sources[five] == "draft+lookup" and merged.parents[five] == -1
+
+
+def test_a_draft_tree_branches_and_leaves_the_draft_cache_as_it_was(loaded):
+    target, draft = loaded("llama")
+    proposer = DraftTreeProposer(CachedModel(draft), width=3)
+    ids = encode_prompt(target, PROMPT_TEXT, chat=False)
+    proposer.start(ids, ids)
+    tree = proposer.propose(ids, 3, GREEDY, None)
+    assert tree.is_tree and len(tree.children()[-1]) == 3 and max(tree.depths()) == 3
+    assert proposer.draft.length == len(ids)
+
+
+def test_the_tree_sizer_chooses_more_nodes_where_a_pass_is_flat():
+    tree = Proposal(list(range(30)), parents=[-1] * 3 + [i // 3 for i in range(27)], scores=[0.5] * 30)
+    sizes = {}
+    for name, shape in (("flat", FLAT), ("steep", STEEP)):
+        sizer = TreeSizer(CostModel(shape), depth=4, width=3, free_drafts=True)
+        chosen, choice = sizer.fit(tree, 256)
+        sizes[name] = len(chosen.tokens)
+        assert choice.k == len(chosen.tokens)
+    assert sizes["flat"] > 4 and sizes["steep"] <= 1
+
+
+def _leaves(tree):
+    kids = tree.children()
+    return [i for i in range(len(tree.tokens)) if not kids[i]]
+
+
+def _path(tree, node):
+    parents, out = tree.parent_list(), []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+# ------------------------------------------------------------------ sampling is exact on trees
+
+
+class _MixedTreeProposer(Proposer):
+    """A root with a sampled first child (q = the draft's) and deterministic siblings (q one-hot),
+    each with a deterministic child of its own: recursive rejection over mixed candidates."""
+
+    makes_trees = True
+
+    def __init__(self, draft):
+        self.draft = draft
+
+    def start(self, prompt_ids, prefix):
+        self.draft.start(prompt_ids)
+
+    def rollback(self, length):
+        self.draft.crop(length)
+
+    def propose(self, sequence, k, params, sampler):
+        self.draft.crop(0)
+        self.draft.start(sequence)
+        q = warp_probs(self.draft.forward(sequence, keep=1)[-1], params)
+        first = sampler.draw(q)
+        others = [t for t in torch.argsort(q, descending=True).tolist() if t != first][:2]
+        tokens = [first, *others, (first + 1) % len(VOCAB), (others[0] + 2) % len(VOCAB)]
+        probs = torch.zeros(len(tokens), q.shape[-1])
+        probs[0] = q
+        for i in range(1, len(tokens)):
+            probs[i, tokens[i]] = 1.0
+        self.draft.crop(len(sequence) - 1)
+        return Proposal(tokens, probs, parents=[-1, -1, -1, 0, 1])
+
+
+def _sample(decoder, samples):
+    counts = np.zeros((len(VOCAB), len(VOCAB)))
+    wins = 0
+    for seed in range(samples):
+        out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
+        counts[out.tokens[0], out.tokens[1]] += 1
+        wins += out.stats.branch_wins
+    return counts, wins
+
+
+def _draft_tree_decoder(target, draft, rule):
+    proposer = DraftTreeProposer(CachedModel(draft), width=3)
+    return SpeculativeDecoder(CachedModel(target), proposer, rule, gamma=2, tree_budget=9)
+
+
+def test_draft_tree_sampling_follows_the_target_distribution(pair):  # noqa: F811
+    target, draft = pair
+    counts, wins = _sample(_draft_tree_decoder(target, draft, SpeculativeRule()), 6000)
+    assert wins > 300, "non-first branches must win often, or the multi-draft rule is not exercised"
+    assert chi_square_p(counts, exact_joint(target)) > 1e-3
+
+
+def test_mixed_sampled_and_deterministic_children_are_exact(pair):  # noqa: F811
+    target, draft = pair
+    proposer = _MixedTreeProposer(CachedModel(draft))
+    decoder = SpeculativeDecoder(CachedModel(target), proposer, SpeculativeRule(), tree_budget=5)
+    counts, wins = _sample(decoder, 6000)
+    assert wins > 50, "rejected sampled children must hand over to their siblings sometimes"
+    assert chi_square_p(counts, exact_joint(target)) > 1e-3
+
+
+def test_the_tree_chi_square_test_rejects_a_wrong_rule(pair):  # noqa: F811
+    """Resampling from p after a rejected child (instead of the residual) must be caught."""
+    target, draft = pair
+    counts, _ = _sample(_draft_tree_decoder(target, draft, ResampleFromTargetRule()), 6000)
+    assert chi_square_p(counts, exact_joint(target)) < 1e-6
