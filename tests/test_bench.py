@@ -8,7 +8,7 @@ import pytest
 from helpers import QUIET, pair_args, write_suite
 
 from draftlab.bench.records import read_records
-from draftlab.bench.suites import load_suite, parse_jsonl
+from draftlab.bench.suites import SUBTASKS, load_suite, parse_jsonl
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
 from draftlab.models.profile import supported_dtypes
@@ -141,16 +141,7 @@ def test_builtin_suite_shape():
     by_subtask = {}
     for e in examples:
         by_subtask.setdefault(e.subtask, []).append(e)
-    assert set(by_subtask) == {
-        "multi-turn",
-        "translation",
-        "summarization",
-        "qa",
-        "math_reasoning",
-        "rag",
-        "law analytics",
-        "grammar correction",
-    }
+    assert set(by_subtask) == set(SUBTASKS) and len(SUBTASKS) == 8
     assert all(len(v) >= 10 for v in by_subtask.values())
     assert all(len(e.turns) == 2 for e in by_subtask["multi-turn"])
     for name in ("summarization", "rag", "law analytics"):

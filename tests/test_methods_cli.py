@@ -36,8 +36,9 @@ def test_each_method_records_only_its_own_settings_and_draft_length():
     for name, spec in REGISTRY.items():
         config = DecoderConfig(method=name)
         settings = config.settings()
-        assert set(settings) - {"use_cache", "fixed_k"} == set(spec.params), name
+        assert set(settings) - {"use_cache", "fixed_k", "tree_budget"} == set(spec.params), name
         assert ("fixed_k" in settings) == spec.cost_aware
+        assert ("tree_budget" in settings) == spec.tree
         assert spec.gamma(config) == (getattr(config, spec.draft_length) if spec.draft_length else None)
     assert (
         DecoderConfig(method="pld", pld_tokens=7).spec.gamma(DecoderConfig(method="pld", pld_tokens=7)) == 7

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_lossless import loaded as loaded  # noqa: F401 - the tiny pairs, loaded once per family
 from test_sampling_exact import PARAMS, PROMPT, VOCAB, ResampleFromTargetRule, chi_square_p, exact_joint
 from test_sampling_exact import pair as pair  # noqa: F401 - the vocab-6 fixture, shared
 from test_sizing import FLAT, MODERATE, STEEP, curve
@@ -28,22 +29,6 @@ GREEDY = SamplingParams()
 TREE_METHODS = ("pld-tree", "sps-tree", "hybrid", "suffix")
 DECODER_ONLY = tuple(f for f in FAMILIES if f != "t5")
 PROMPT_TEXT = "the cat sat on the mat and then the dog ran on the mat and then the cat sat on the"
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_pair):
-    cache = {}
-
-    def get(family):
-        if family not in cache:
-            target_dir, draft_dir = tiny_pair[family]
-            cache[family] = (
-                load_model(ModelSpec(str(target_dir), dtype="float32")),
-                load_model(ModelSpec(str(draft_dir), dtype="float32")),
-            )
-        return cache[family]
-
-    return get
 
 
 # ------------------------------------------------------------------ the tree pass and the cache

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from draftlab.decode.details import RoundDetails
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 
@@ -19,7 +20,7 @@ RUN_FILE = "run.json"
 
 
 @dataclass
-class Record:
+class Record(RoundDetails):
     label: str  # the variant's name in reports: "ar", "sps", "sps γ=2", "bild fb=0.6 rb=3", ...
     method: str  # ar, sps, bild, pld, hf-greedy, hf-assisted
     example_id: str
@@ -52,22 +53,6 @@ class Record:
     greedy_match: bool | None = None  # same tokens as the baseline's for this example/turn/repeat
     draft_params: int | None = None
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)
-    # Cost-aware sizing: rounds per draft length k, probes at k = 0, and the cost curve's prediction
-    # (Σ expected tokens, Σ predicted ms, Σ ms plain decoding would spend on those tokens).
-    dtype: str | None = None  # the target's dtype for this generation (a routed method may vary it)
-    k_counts: list[int] = field(default_factory=list)
-    probes: int = 0
-    predicted_tokens: float = 0.0
-    predicted_ms: float = 0.0
-    predicted_plain_ms: float = 0.0
-    # Token trees: rounds that verified a tree, Σ nodes verified, rounds won by a non-first
-    # branch; why a tree method ran chains, and what its proposer reports (SuffixDecoding: the
-    # earlier outputs it drew on).
-    tree_rounds: int = 0
-    tree_nodes: int = 0
-    branch_wins: int = 0
-    tree_fallback: str | None = None
-    proposer_info: dict = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -105,22 +105,27 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         ),
         ("--max-small-steps", int, DEFAULTS.max_small_steps, "BiLD: most small-model tokens per block"),
         ("--max-ngram", int, DEFAULTS.max_ngram, "PLD: longest n-gram matched"),
-        ("--pld-tokens", int, DEFAULTS.pld_tokens, "PLD: most tokens proposed per round"),
+        (
+            "--pld-tokens",
+            int,
+            DEFAULTS.pld_tokens,
+            "PLD (and suffix, pld-tree): most tokens proposed per path",
+        ),
+        (
+            "--tree-budget",
+            int,
+            DEFAULTS.tree_budget,
+            "tree methods (pld-tree, sps-tree, hybrid, suffix): verify this many tree nodes every round "
+            "(default: chosen each round from the machine's cost profile; without a profile, a chain)",
+        ),
+        (
+            "--tree-width",
+            int,
+            DEFAULTS.tree_width,
+            "sps-tree and hybrid: draft candidates per expanded node, and nodes expanded per level",
+        ),
     ):
         g.add_argument(flag, type=kind, default=default, help=text)
-    g.add_argument(
-        "--tree-budget",
-        type=int,
-        default=DEFAULTS.tree_budget,
-        help="tree methods (pld-tree, sps-tree, hybrid, suffix): verify this many tree nodes every round "
-        "(default: chosen each round from the machine's cost profile; without a profile, a chain)",
-    )
-    g.add_argument(
-        "--tree-width",
-        type=int,
-        default=DEFAULTS.tree_width,
-        help="sps-tree and hybrid: draft candidates per expanded node, and nodes expanded per level",
-    )
     g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from draftlab.decode.details import RoundDetails
 from draftlab.decode.sizing import Choice, RoundSizer, Shadow, TreeSizer
 from draftlab.decode.timing import synchronized_clock
 from draftlab.errors import DraftlabError
@@ -29,7 +30,7 @@ from draftlab.verify.rules import AcceptanceRule
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(RoundDetails):
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0  # time to the first new token(s): prompt processing by every model + round 1
@@ -47,22 +48,6 @@ class GenerationStats:
     draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
     propose_s: float = 0.0  # wall time inside the proposer during decoding (its prefill excluded)
     propose_calls: int = 0  # draft forward passes made while proposing (its prefill excluded)
-    # Cost-aware sizing (empty without it): rounds per chosen draft length k (index k), probes
-    # made at k = 0, and the cost curve's prediction for the rounds run: Σ expected tokens, Σ ms,
-    # and Σ ms that plain decoding would have spent on those expected tokens.
-    dtype: str | None = None  # the target's dtype for this generation
-    k_counts: list[int] = field(default_factory=list)
-    probes: int = 0
-    predicted_tokens: float = 0.0
-    predicted_ms: float = 0.0
-    predicted_plain_ms: float = 0.0
-    # Tree proposers: rounds that verified a tree proposal, Σ nodes verified in them, and rounds
-    # whose accepted path went through a node that is not its parent's first child.
-    tree_rounds: int = 0
-    tree_nodes: int = 0
-    branch_wins: int = 0
-    tree_fallback: str | None = None  # why a tree method ran chains instead (no 4D-mask support)
-    proposer_info: dict = field(default_factory=dict)  # e.g. which earlier outputs SuffixDecoding used
 
     @property
     def total_s(self) -> float:

@@ -142,6 +142,7 @@ def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_draft
 
 
 def _build_ar(config, target, draft, cost):
+    """autoregressive baseline: one target pass per token"""
     from draftlab.decode.loop import SpeculativeDecoder
     from draftlab.proposers import NoProposer
     from draftlab.verify.rules import SpeculativeRule
@@ -150,6 +151,7 @@ def _build_ar(config, target, draft, cost):
 
 
 def _build_sps(config, target, draft, cost):
+    """speculative sampling with a draft model (Leviathan et al. / Chen et al. 2023)"""
     from draftlab.decode.loop import SpeculativeDecoder
     from draftlab.models.cached import CachedModel
     from draftlab.proposers import DraftModelProposer
@@ -167,6 +169,7 @@ def _build_sps(config, target, draft, cost):
 
 
 def _build_pld(config, target, draft, cost):
+    """prompt lookup: drafts copied from earlier n-gram matches"""
     from draftlab.decode.loop import SpeculativeDecoder
     from draftlab.proposers import PromptLookupProposer
     from draftlab.verify.rules import SpeculativeRule
@@ -211,66 +214,59 @@ def _draft_tree(config: DecoderConfig, target: LoadedModel, draft: LoadedModel, 
     )
 
 
-def _build_pld_tree(config, target, draft, cost):
+def _tree_decoder(config: DecoderConfig, target: LoadedModel, cost, proposer, depth: int, sized_depth: int):
+    """A decoder for a tree method; `proposer(sizer)` builds its proposer."""
     from draftlab.decode.loop import SpeculativeDecoder
-    from draftlab.proposers import LookupTreeProposer
     from draftlab.verify.rules import SpeculativeRule
 
-    sizer = _tree_sizer(config, cost, config.pld_tokens, free_drafts=True)
-    proposer = LookupTreeProposer(config.max_ngram, depth=config.pld_tokens)
-    return SpeculativeDecoder(
-        _tree_target(config, target),
-        proposer,
-        SpeculativeRule(),
-        config.pld_tokens,
-        sizer,
-        config.tree_budget,
-    )
+    main = _tree_target(config, target)
+    sizer = _tree_sizer(config, cost, sized_depth, free_drafts=not config.needs_draft)
+    return SpeculativeDecoder(main, proposer(sizer), SpeculativeRule(), depth, sizer, config.tree_budget)
+
+
+def _build_pld_tree(config, target, draft, cost):
+    """prompt lookup with every earlier match merged into one verified token tree"""
+    from draftlab.proposers import LookupTreeProposer
+
+    def proposer(sizer):
+        return LookupTreeProposer(config.max_ngram, depth=config.pld_tokens)
+
+    return _tree_decoder(config, target, cost, proposer, config.pld_tokens, config.pld_tokens)
 
 
 def _build_sps_tree(config, target, draft, cost):
-    from draftlab.decode.loop import SpeculativeDecoder
-    from draftlab.verify.rules import SpeculativeRule
+    """draft-model token trees, expanded by draft probability as in EAGLE-2"""
 
-    main = _tree_target(config, target)
-    sizer = _tree_sizer(config, cost, config.gamma, free_drafts=False)
-    proposer = _draft_tree(config, target, draft, sizer)
-    return SpeculativeDecoder(main, proposer, SpeculativeRule(), config.gamma, sizer, config.tree_budget)
+    def proposer(sizer):
+        return _draft_tree(config, target, draft, sizer)
+
+    return _tree_decoder(config, target, cost, proposer, config.gamma, config.gamma)
 
 
 def _build_hybrid(config, target, draft, cost):
-    from draftlab.decode.loop import SpeculativeDecoder
+    """the prompt-lookup tree and the draft tree merged into one token tree"""
     from draftlab.proposers import HybridTreeProposer, LookupTreeProposer
-    from draftlab.verify.rules import SpeculativeRule
 
-    main = _tree_target(config, target)
-    sizer = _tree_sizer(config, cost, config.gamma, free_drafts=False)
-    proposer = HybridTreeProposer(
-        _draft_tree(config, target, draft, sizer),
-        LookupTreeProposer(config.max_ngram, depth=config.pld_tokens),
-    )
+    def proposer(sizer):
+        lookup = LookupTreeProposer(config.max_ngram, depth=config.pld_tokens)
+        return HybridTreeProposer(_draft_tree(config, target, draft, sizer), lookup)
+
     depth = max(config.gamma, config.pld_tokens)
-    return SpeculativeDecoder(main, proposer, SpeculativeRule(), depth, sizer, config.tree_budget)
+    return _tree_decoder(config, target, cost, proposer, depth, config.gamma)
 
 
 def _build_suffix(config, target, draft, cost):
-    from draftlab.decode.loop import SpeculativeDecoder
+    """SuffixDecoding (Oliaro et al. 2024): trees from the prompt and earlier outputs of the run"""
     from draftlab.proposers import SuffixProposer
-    from draftlab.verify.rules import SpeculativeRule
 
-    sizer = _tree_sizer(config, cost, config.pld_tokens, free_drafts=True)
-    proposer = SuffixProposer(max_depth=config.pld_tokens)
-    return SpeculativeDecoder(
-        _tree_target(config, target),
-        proposer,
-        SpeculativeRule(),
-        config.pld_tokens,
-        sizer,
-        config.tree_budget,
-    )
+    def proposer(sizer):
+        return SuffixProposer(max_depth=config.pld_tokens)
+
+    return _tree_decoder(config, target, cost, proposer, config.pld_tokens, config.pld_tokens)
 
 
 def _build_bild(config, target, draft, cost):
+    """Big Little Decoder (Kim et al. 2023): fallback and rollback thresholds"""
     from draftlab.decode.loop import SpeculativeDecoder
     from draftlab.models.cached import CachedModel
     from draftlab.proposers import BildProposer
@@ -288,111 +284,61 @@ def _build_bild(config, target, draft, cost):
 
 
 def _build_hf_greedy(config, target, draft, cost):
+    """Hugging Face generate()"""
     from draftlab.decode.hf import HFGenerateDecoder
 
     return HFGenerateDecoder(target)
 
 
 def _build_hf_assisted(config, target, draft, cost):
+    """Hugging Face assisted generation with the draft"""
     from draftlab.decode.hf import HFGenerateDecoder
 
     return HFGenerateDecoder(target, draft, config.gamma, config.draft_confidence)
 
 
-REGISTRY: dict[str, MethodSpec] = {
-    spec.name: spec
-    for spec in (
-        MethodSpec(
-            "ar",
-            "autoregressive baseline: one target pass per token",
-            _build_ar,
-            speculative=False,
-            seed_name="AS",
-        ),
-        MethodSpec(
-            "sps",
-            "speculative sampling with a draft model (Leviathan et al. / Chen et al. 2023)",
-            _build_sps,
-            needs_draft=True,
-            cost_aware=True,
-            params=("gamma", "draft_confidence"),
-            draft_length="gamma",
-            seed_name="SPS",
-        ),
-        MethodSpec(
-            "bild",
-            "Big Little Decoder (Kim et al. 2023): fallback and rollback thresholds",
-            _build_bild,
-            needs_draft=True,
-            params=("fallback_threshold", "rollback_threshold", "max_small_steps"),
-            draft_length="max_small_steps",
-            seed_name="BiLD",
-        ),
-        MethodSpec(
-            "pld",
-            "prompt lookup: drafts copied from earlier n-gram matches",
-            _build_pld,
-            cost_aware=True,
-            params=("max_ngram", "pld_tokens"),
-            draft_length="pld_tokens",
-            seed_name="PLD",
-        ),
-        MethodSpec(
-            "pld-tree",
-            "prompt lookup with every earlier match merged into one verified token tree",
-            _build_pld_tree,
-            cost_aware=True,
-            params=("max_ngram", "pld_tokens", "tree_budget"),
-            draft_length="pld_tokens",
-            seed_name="PLD-Tree",
-            tree=True,
-        ),
-        MethodSpec(
-            "sps-tree",
-            "draft-model token trees, expanded by draft probability as in EAGLE-2",
-            _build_sps_tree,
-            needs_draft=True,
-            cost_aware=True,
-            params=("gamma", "tree_width", "tree_budget"),
-            draft_length="gamma",
-            seed_name="SPS-Tree",
-            tree=True,
-        ),
-        MethodSpec(
-            "hybrid",
-            "the prompt-lookup tree and the draft tree merged into one token tree",
-            _build_hybrid,
-            needs_draft=True,
-            cost_aware=True,
-            params=("gamma", "tree_width", "max_ngram", "pld_tokens", "tree_budget"),
-            draft_length="gamma",
-            seed_name="Hybrid",
-            tree=True,
-        ),
-        MethodSpec(
-            "suffix",
-            "SuffixDecoding (Oliaro et al. 2024): trees from the prompt and earlier outputs of the run",
-            _build_suffix,
-            cost_aware=True,
-            params=("pld_tokens", "tree_budget"),
-            draft_length="pld_tokens",
-            seed_name="Suffix",
-            tree=True,
-        ),
-        MethodSpec(
-            "hf-greedy", "Hugging Face generate()", _build_hf_greedy, speculative=False, seed_name="HF"
-        ),
-        MethodSpec(
-            "hf-assisted",
-            "Hugging Face assisted generation with the draft",
-            _build_hf_assisted,
-            needs_draft=True,
-            params=("gamma", "draft_confidence"),
-            draft_length="gamma",
-            seed_name="HF-AG",
-        ),
+# The methods, one row each: name, the seed reports' name, builder (its docstring is the summary),
+# flags (draft: needs a draft model; plain: a baseline, one target token per pass; sized: rounds
+# sized from the cost curve; tree: token trees), and the settings it reads, the first reported as γ.
+_TABLE = (
+    ("ar", "AS", _build_ar, "plain", ()),
+    ("sps", "SPS", _build_sps, "draft sized", ("gamma", "draft_confidence")),
+    ("bild", "BiLD", _build_bild, "draft", ("max_small_steps", "fallback_threshold", "rollback_threshold")),
+    ("pld", "PLD", _build_pld, "sized", ("pld_tokens", "max_ngram")),
+    ("pld-tree", "PLD-Tree", _build_pld_tree, "sized tree", ("pld_tokens", "max_ngram")),
+    ("sps-tree", "SPS-Tree", _build_sps_tree, "draft sized tree", ("gamma", "tree_width")),
+    (
+        "hybrid",
+        "Hybrid",
+        _build_hybrid,
+        "draft sized tree",
+        ("gamma", "tree_width", "pld_tokens", "max_ngram"),
+    ),
+    ("suffix", "Suffix", _build_suffix, "sized tree", ("pld_tokens",)),
+    ("hf-greedy", "HF", _build_hf_greedy, "plain", ()),
+    ("hf-assisted", "HF-AG", _build_hf_assisted, "draft", ("gamma", "draft_confidence")),
+)
+
+
+def _spec(name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...]) -> MethodSpec:
+    unknown = set(flags.split()) - {"draft", "plain", "sized", "tree"}
+    if unknown:
+        raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
+    return MethodSpec(
+        name,
+        " ".join((build.__doc__ or "").split()),
+        build,
+        needs_draft="draft" in flags,
+        speculative="plain" not in flags,
+        cost_aware="sized" in flags,
+        params=params,
+        draft_length=params[0] if params else None,
+        seed_name=seed,
+        tree="tree" in flags,
     )
-}
+
+
+REGISTRY: dict[str, MethodSpec] = {row[0]: _spec(*row) for row in _TABLE}
 METHODS = tuple(REGISTRY)
 DEFAULTS = DecoderConfig()
 

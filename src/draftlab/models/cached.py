@@ -26,6 +26,8 @@ class CachedModel:
         self.forward_calls = 0
         params = inspect.signature(self.model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
+        # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns on every call).
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._cache: DynamicCache | EncoderDecoderCache | None = None
         self._encoder_out: BaseModelOutput | None = None
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
@@ -83,7 +85,7 @@ class CachedModel:
             feed = torch.tensor([new_ids], device=self.device)
         else:
             feed = torch.tensor([self._tokens], device=self.device)
-        kwargs: dict = {"use_cache": self.use_cache, "past_key_values": self._cache}
+        kwargs: dict = {"use_cache": self.use_cache, self._cache_arg: self._cache}
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep

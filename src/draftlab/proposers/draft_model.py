@@ -9,31 +9,18 @@ from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams, warp_probs
 
 
-class DraftModelProposer(Proposer):
-    """Drafts up to γ tokens; with `confidence` > 0 it stops early after a token it is unsure of.
-
-    The early stop is HF's `assistant_confidence_threshold` (and the idea behind SpecDec++'s
-    adaptive candidate length): a token the draft gives less than `confidence` probability is
-    likely to be rejected, so drafting more after it mostly wastes draft passes. The stop
-    depends only on the draft's own distribution, so verification stays exact.
-    """
+class DraftModelBase(Proposer):
+    """A proposer that runs a draft model with its own cache, kept in step with the sequence."""
 
     def __init__(
-        self,
-        draft: CachedModel,
-        target_vocab_size: int,
-        confidence: float = 0.0,
-        stop_tokens: frozenset[int] = frozenset(),
-        lazy_prefill: bool = False,
+        self, draft: CachedModel, stop_tokens: frozenset[int] = frozenset(), lazy_prefill: bool = False
     ) -> None:
         self.draft = draft
+        # Drafting past an end-of-sequence token is wasted: nothing after it can be kept.
+        self.stop_tokens = stop_tokens
         # With cost-aware sizing a round may never draft; the prompt then goes through the draft
         # only when it first drafts, as part of that round's (costed) catch-up pass.
         self.lazy_prefill = lazy_prefill
-        self.target_vocab_size = target_vocab_size
-        self.confidence = confidence
-        # Drafting past an end-of-sequence token is wasted: nothing after it can be kept.
-        self.stop_tokens = stop_tokens
 
     @property
     def forward_calls(self) -> int:  # type: ignore[override]
@@ -50,6 +37,28 @@ class DraftModelProposer(Proposer):
 
     def lag(self, sequence: list[int]) -> int:
         return len(sequence) - self.draft.length
+
+
+class DraftModelProposer(DraftModelBase):
+    """Drafts up to γ tokens; with `confidence` > 0 it stops early after a token it is unsure of.
+
+    The early stop is HF's `assistant_confidence_threshold` (and the idea behind SpecDec++'s
+    adaptive candidate length): a token the draft gives less than `confidence` probability is
+    likely to be rejected, so drafting more after it mostly wastes draft passes. The stop
+    depends only on the draft's own distribution, so verification stays exact.
+    """
+
+    def __init__(
+        self,
+        draft: CachedModel,
+        target_vocab_size: int,
+        confidence: float = 0.0,
+        stop_tokens: frozenset[int] = frozenset(),
+        lazy_prefill: bool = False,
+    ) -> None:
+        super().__init__(draft, stop_tokens, lazy_prefill)
+        self.target_vocab_size = target_vocab_size
+        self.confidence = confidence
 
     def _keep_going(self, probs: torch.Tensor | None, logits: torch.Tensor) -> bool:
         return True

@@ -17,13 +17,13 @@ import torch
 
 from draftlab.models.cached import CachedModel
 from draftlab.proposal import Proposal
-from draftlab.proposers.base import Proposer
+from draftlab.proposers.draft_model import DraftModelBase
 from draftlab.sampling import Sampler, SamplingParams, warp_probs
 
 MAX_TREE_NODES = 64
 
 
-class DraftTreeProposer(Proposer):
+class DraftTreeProposer(DraftModelBase):
     makes_trees = True
     draft_passes = True
 
@@ -36,29 +36,12 @@ class DraftTreeProposer(Proposer):
         max_nodes: int = MAX_TREE_NODES,
         depth: int | None = None,
     ) -> None:
-        self.draft = draft
+        super().__init__(draft, stop_tokens, lazy_prefill)
         self.depth = depth  # None: as deep as the loop asks (γ)
         # A draft that cannot take a tree mask still drafts, one chain deep (width 1).
         self.chains_only = not draft.supports_trees()
         self.width = 1 if self.chains_only else width
-        self.stop_tokens = stop_tokens
-        self.lazy_prefill = lazy_prefill
         self.max_nodes = max_nodes
-
-    @property
-    def forward_calls(self) -> int:  # type: ignore[override]
-        return self.draft.forward_calls
-
-    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
-        own_prefix = self.draft.start(prompt_ids)
-        if len(own_prefix) > 1 and not self.lazy_prefill:
-            self.draft.forward(own_prefix[:-1], keep=1)
-
-    def rollback(self, length: int) -> None:
-        self.draft.crop(length)
-
-    def lag(self, sequence: list[int]) -> int:
-        return len(sequence) - self.draft.length
 
     def _children(self, logits: torch.Tensor, params: SamplingParams) -> tuple[list[int], list[float]]:
         probs = torch.softmax(logits.float(), dim=-1) if params.greedy else warp_probs(logits, params)

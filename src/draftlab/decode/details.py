@@ -1,0 +1,32 @@
+"""What a generation records about how its rounds were sized and shaped (no torch: reports read it).
+
+A benchmark record carries the same fields, so both derive from this one declaration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(kw_only=True)
+class RoundDetails:
+    # Cost-aware sizing (empty without it): rounds per chosen draft length k (trees: node budget),
+    # probes made at k = 0, and the cost curve's prediction for the rounds run: Σ expected
+    # tokens, Σ ms, and Σ ms that plain decoding would have spent on those expected tokens.
+    dtype: str | None = None  # the target's dtype for this generation (a routed method may vary it)
+    k_counts: list[int] = field(default_factory=list)
+    probes: int = 0
+    predicted_tokens: float = 0.0
+    predicted_ms: float = 0.0
+    predicted_plain_ms: float = 0.0
+    # Token trees: rounds that verified a tree, Σ nodes verified in them, and rounds whose accepted
+    # path went through a node that is not its parent's first child; why a tree method ran chains
+    # (no 4D-mask support), and what its proposer reports (SuffixDecoding: earlier outputs used).
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    branch_wins: int = 0
+    tree_fallback: str | None = None
+    proposer_info: dict = field(default_factory=dict)
+
+    def round_details(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(RoundDetails)}
