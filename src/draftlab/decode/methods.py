@@ -96,6 +96,8 @@ class MethodSpec:
     build: Builder
     needs_draft: bool = False
     speculative: bool = True  # False: one target token per forward pass (a baseline)
+    lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
+    external: bool = False  # True: decoded by another library (HF generate), not by our loop
     cost_aware: bool = False  # rounds can be sized from the cost curve
     params: tuple[str, ...] = ()  # the DecoderConfig fields the method reads
     draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
@@ -226,6 +228,7 @@ REGISTRY: dict[str, MethodSpec] = {
             params=("fallback_threshold", "rollback_threshold", "max_small_steps"),
             draft_length="max_small_steps",
             seed_name="BiLD",
+            lossless=False,
         ),
         MethodSpec(
             "pld",
@@ -237,7 +240,12 @@ REGISTRY: dict[str, MethodSpec] = {
             seed_name="PLD",
         ),
         MethodSpec(
-            "hf-greedy", "Hugging Face generate()", _build_hf_greedy, speculative=False, seed_name="HF"
+            "hf-greedy",
+            "Hugging Face generate()",
+            _build_hf_greedy,
+            speculative=False,
+            external=True,
+            seed_name="HF",
         ),
         MethodSpec(
             "hf-assisted",
@@ -247,6 +255,7 @@ REGISTRY: dict[str, MethodSpec] = {
             params=("gamma", "draft_confidence"),
             draft_length="gamma",
             seed_name="HF-AG",
+            external=True,
         ),
     )
 }
