@@ -406,7 +406,7 @@ def _print_report(console: Console, result: dict, audits, power, prefixes) -> No
     if prefixes:
         sp = s["sampling"]
         lines.append(
-            f"sampling: {len(prefixes)} prefixes × {s['samples']} samples of the first 2 tokens at temperature "
+            f"sampling: {len(prefixes)} prefix{'es' if len(prefixes) > 1 else ''} × {s['samples']} samples of the first 2 tokens at temperature "
             f"{sp['temperature']:g}"
             + (f", top-k {sp['top_k']}" if sp["top_k"] else "")
             + (f", top-p {sp['top_p']:g}" if sp["top_p"] < 1 else "")

@@ -31,7 +31,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from draftlab.models.loading import LoadedModel
 from draftlab.sampling import SamplingParams, warp_probs
-from draftlab.verify.rules import AcceptanceRule, SpeculativeRule, Verdict
+from draftlab.verify.rules import SpeculativeRule
 
 END = -1  # the "second token" of a generation whose first token ended it
 OTHER = -2  # "any other token" in a pooled cell
@@ -44,16 +44,6 @@ class ResampleFromTargetRule(SpeculativeRule):
     @staticmethod
     def residual(p_row, proposal, i, token):
         return p_row
-
-
-class AcceptEveryDraftRule(AcceptanceRule):
-    """A rule that keeps every draft token, greedy or not: the target only adds its bonus token."""
-
-    def verify(self, proposal, target_logits, params, sampler) -> Verdict:
-        k = len(proposal.tokens)
-        row = target_logits[k]
-        token = int(torch.argmax(row)) if params.greedy else sampler.draw(warp_probs(row, params))
-        return Verdict(k, token)
 
 
 # ----------------------------------------------------------------------------- the exact law
