@@ -132,6 +132,18 @@ def test_a_sampling_defect_fails_the_audit(pair, capsys, monkeypatch, tmp_path):
     assert result["power"]["shown"]
 
 
+def test_a_sampling_defect_in_bfloat16_is_confirmed_in_float32(pair, capsys, monkeypatch, tmp_path):
+    inject(monkeypatch, "broken-sampling", SwappedResidualRule())
+    out = tmp_path / "audit.json"
+    argv = ["--methods", "broken-sampling", "--samples", "300", "--prefixes", "1", "--dtype", "bfloat16"]
+    assert audit(pair, *argv, "--json", str(out)) == 1
+    assert last_line(capsys).startswith("audit: NOT lossless: broken-sampling (sampling (prefix 1: p = ")
+    result = json.loads(out.read_text())
+    sampled = result["methods"]["broken-sampling"]["sampling"][0]
+    alpha = result["settings"]["alpha_per_test"]
+    assert sampled["p_value"] < alpha and sampled["float32_p_value"] < alpha
+
+
 @pytest.mark.parametrize(
     "extra, fragment",
     [

@@ -410,6 +410,7 @@ def _print_report(console: Console, result: dict, audits, power, prefixes) -> No
             f"{sp['temperature']:g}"
             + (f", top-k {sp['top_k']}" if sp["top_k"] else "")
             + (f", top-p {sp['top_p']:g}" if sp["top_p"] < 1 else "")
+            + " (every round drafts its full k, so that the acceptance rule is exercised)"
             + f"; chi-square against the target's exact law, α = {s['alpha']:g} "
             f"({_p(s['alpha_per_test'])} per test, Bonferroni)"
         )
