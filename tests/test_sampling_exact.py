@@ -3,16 +3,18 @@
 On a 6-token vocabulary the target's joint distribution over the first two new tokens is
 enumerated exactly; 10k SPS samples are compared with it by a chi-square test. The same
 test, run on a deliberately wrong acceptance rule, must reject: that shows it has power.
+The law, the cells and the sampling are the library's (draftlab.verify.exactness), which
+`draftlab audit` runs on a user's own pair.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -20,20 +22,13 @@ from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.models import CachedModel, ModelSpec, load_model
 from draftlab.proposers import DraftModelProposer
 from draftlab.sampling import SamplingParams, warp_probs
+from draftlab.verify.exactness import ResampleFromTargetRule, reuse_prefix, sample_pairs, two_token_law
 from draftlab.verify.rules import SpeculativeRule
 
 VOCAB = ["a", "b", "c", "d", "e", "f"]
 PROMPT = [0, 3, 1]
 SAMPLES = 10_000
 PARAMS = SamplingParams(temperature=0.8)
-
-
-class ResampleFromTargetRule(SpeculativeRule):
-    """A classic bug: after a rejection, sample from p instead of the residual max(0, p - q)."""
-
-    @staticmethod
-    def residual(p_row, proposal, i, token):
-        return p_row
 
 
 def _tiny_vocab_model(directory, seed):
@@ -80,26 +75,14 @@ def exact_joint(target) -> np.ndarray:
     return joint
 
 
-def sample_counts(decoder, samples: int = SAMPLES) -> tuple[np.ndarray, float]:
-    counts = np.zeros((len(VOCAB), len(VOCAB)))
-    drafted = accepted = 0
-    for seed in range(samples):
-        out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
-        counts[out.tokens[0], out.tokens[1]] += 1
-        drafted += out.stats.drafted
-        accepted += out.stats.accepted
-    return counts, accepted / drafted
+def sample_counts(decoder, samples: int = SAMPLES) -> tuple[Counter, float | None]:
+    run = sample_pairs(decoder, PROMPT, PARAMS, range(samples))
+    return run.counts, run.acceptance
 
 
-def chi_square_p(counts: np.ndarray, joint: np.ndarray) -> float:
-    expected = joint.flatten() / joint.sum() * counts.sum()  # float32 enumeration: renormalise
-    observed = counts.flatten()
-    # Pool cells with small expectations so the chi-square approximation holds.
-    small = expected < 5
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    return float(chisquare(observed, expected).pvalue)
+def chi_square_p(target, counts: Counter) -> float:
+    """The library's test: the target's exact law, cells with small expectations pooled."""
+    return two_token_law(target, PROMPT, PARAMS, sum(counts.values())).p_value(counts)
 
 
 def _decoder(target, draft, rule):
@@ -110,17 +93,15 @@ def _decoder(target, draft, rule):
 
 def test_sps_samples_follow_the_target_distribution(pair):
     target, draft = pair
-    joint = exact_joint(target)
     counts, acceptance = sample_counts(_decoder(target, draft, SpeculativeRule()))
     assert 0.2 < acceptance < 0.95, "the draft must disagree sometimes, or the test checks nothing"
-    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(target, counts) > 1e-3
 
 
 def test_the_chi_square_test_rejects_a_wrong_rule(pair):
     target, draft = pair
-    joint = exact_joint(target)
     counts, _ = sample_counts(_decoder(target, draft, ResampleFromTargetRule()))
-    assert chi_square_p(counts, joint) < 1e-6
+    assert chi_square_p(target, counts) < 1e-6
 
 
 def test_pld_sampling_is_exact_too(pair):
@@ -128,16 +109,42 @@ def test_pld_sampling_is_exact_too(pair):
     from draftlab.proposers import PromptLookupProposer
 
     target, _ = pair
-    joint = exact_joint(target)
     decoder = SpeculativeDecoder(CachedModel(target), PromptLookupProposer(), SpeculativeRule(), gamma=2)
     counts, _ = sample_counts(decoder, samples=3000)
-    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(target, counts) > 1e-3
 
 
 def test_enumeration_is_a_distribution(pair):
     joint = exact_joint(pair[0])
     assert joint.sum() == pytest.approx(1.0, abs=1e-5)
     assert all(joint[a, b] > 0 for a, b in itertools.product(range(6), range(6)))
+
+
+def test_the_library_law_is_the_enumeration(pair):
+    """The audit's law (prefix cache, batched continuations, cells) equals plain full passes."""
+    target = pair[0]
+    joint = exact_joint(target)
+    law = two_token_law(target, PROMPT, PARAMS, SAMPLES)
+    firsts = {a for a, _ in law.cells if a >= 0}
+    for (a, b), p in zip(law.cells, law.probs, strict=True):
+        if a < 0:  # every first token left out
+            expected = sum(joint[c].sum() for c in range(len(VOCAB)) if c not in firsts)
+        elif b < 0:  # the rest of row a
+            expected = joint[a].sum() - sum(joint[a, d] for c, d in law.cells if c == a and d >= 0)
+        else:
+            expected = joint[a, b]
+        assert p == pytest.approx(expected, abs=1e-6), (a, b)
+    assert sum(b >= 0 for _, b in law.cells) >= 20  # 10k samples: most of the 36 pairs are cells of their own
+
+
+def test_reusing_the_prefix_cache_changes_nothing(pair):
+    """Sampling reuses the prompt's KV cache; the samples are those of full generations, seed for seed."""
+    target, draft = pair
+    plain = _decoder(target, draft, SpeculativeRule())
+    reused = _decoder(reuse_prefix(target, PROMPT), reuse_prefix(draft, PROMPT), SpeculativeRule())
+    for seed in range(50):
+        params = SamplingParams(temperature=PARAMS.temperature, seed=seed)
+        assert reused.generate(PROMPT, 3, params).tokens == plain.generate(PROMPT, 3, params).tokens
 
 
 class _CountingProposer(DraftModelProposer):
@@ -156,16 +163,15 @@ class _CountingProposer(DraftModelProposer):
 def test_sps_with_an_early_stop_is_still_exact(pair):
     """Stopping the draft on its own low confidence changes how much is drafted, not the output law."""
     target, draft = pair
-    joint = exact_joint(target)
     proposer = _CountingProposer(CachedModel(draft), target.vocab_size, confidence=0.4)
     decoder = SpeculativeDecoder(CachedModel(target), proposer, SpeculativeRule(), gamma=2)
-    counts = np.zeros((len(VOCAB), len(VOCAB)))
+    counts: Counter = Counter()
     for seed in range(4000):
         out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
-        counts[out.tokens[0], out.tokens[1]] += 1
+        counts[(out.tokens[0], out.tokens[1])] += 1
     short = sum(got < asked for asked, got in proposer.asked_and_got)
     assert short > 0.1 * len(proposer.asked_and_got), "the early stop must happen, or this checks nothing"
-    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(target, counts) > 1e-3
 
 
 def test_cost_aware_sizing_is_still_exact(pair):
@@ -174,7 +180,6 @@ def test_cost_aware_sizing_is_still_exact(pair):
     from draftlab.models.profile import CostCurve
 
     target, draft = pair
-    joint = exact_joint(target)
     # Verifying one draft costs 1.5 plain steps here: break-even near α = 0.5, this pair's α, so
     # the choice of k moves between rounds as the estimate moves. Timings must not steer it.
     cost = CostModel(
@@ -183,13 +188,13 @@ def test_cost_aware_sizing_is_still_exact(pair):
     sizer = RoundSizer(cost, k_max=2, free_drafts=False, calibrate=False)
     proposer = DraftModelProposer(CachedModel(draft), target.vocab_size, lazy_prefill=True)
     decoder = SpeculativeDecoder(CachedModel(target), proposer, SpeculativeRule(), gamma=2, sizer=sizer)
-    counts = np.zeros((len(VOCAB), len(VOCAB)))
+    counts: Counter = Counter()
     k_counts = [0, 0, 0]
     for seed in range(SAMPLES):
         out = decoder.generate(PROMPT, 2, SamplingParams(temperature=PARAMS.temperature, seed=seed))
-        counts[out.tokens[0], out.tokens[1]] += 1
+        counts[(out.tokens[0], out.tokens[1])] += 1
         for k, n in enumerate(out.stats.k_counts):
             k_counts[k] += n
     rounds = sum(k_counts)
     assert k_counts[0] > 0.1 * rounds and k_counts[1] + k_counts[2] > 0.1 * rounds, k_counts
-    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(target, counts) > 1e-3

@@ -10,7 +10,7 @@ import sys
 from draftlab.errors import DraftlabError
 
 # Each subcommand lives in its own module exposing `add_parser(subparsers)`.
-SUBCOMMANDS = ("generate", "bench", "sweep", "profile", "report", "models", "distill")
+SUBCOMMANDS = ("generate", "bench", "sweep", "profile", "report", "models", "distill", "audit")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -107,6 +107,8 @@ class MethodSpec:
     build: Builder
     needs_draft: bool = False
     speculative: bool = True  # False: one target token per forward pass (a baseline)
+    lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
+    external: bool = False  # True: decoded by another library (HF generate), not by our loop
     cost_aware: bool = False  # rounds can be sized from the cost curve
     params: tuple[str, ...] = ()  # the DecoderConfig fields the method reads
     draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
@@ -299,11 +301,18 @@ def _build_hf_assisted(config, target, draft, cost):
 
 # The methods, one row each: name, the seed reports' name, builder (its docstring is the summary),
 # flags (draft: needs a draft model; plain: a baseline, one target token per pass; sized: rounds
-# sized from the cost curve; tree: token trees), and the settings it reads, the first reported as γ.
+# sized from the cost curve; tree: token trees; lossy: not lossless by design; external: another
+# library's decoder, not our loop), and the settings it reads, the first reported as γ.
 _TABLE = (
     ("ar", "AS", _build_ar, "plain", ()),
     ("sps", "SPS", _build_sps, "draft sized", ("gamma", "draft_confidence")),
-    ("bild", "BiLD", _build_bild, "draft", ("max_small_steps", "fallback_threshold", "rollback_threshold")),
+    (
+        "bild",
+        "BiLD",
+        _build_bild,
+        "draft lossy",
+        ("max_small_steps", "fallback_threshold", "rollback_threshold"),
+    ),
     ("pld", "PLD", _build_pld, "sized", ("pld_tokens", "max_ngram")),
     ("pld-tree", "PLD-Tree", _build_pld_tree, "sized tree", ("pld_tokens", "max_ngram")),
     ("sps-tree", "SPS-Tree", _build_sps_tree, "draft sized tree", ("gamma", "tree_width")),
@@ -315,13 +324,13 @@ _TABLE = (
         ("gamma", "tree_width", "pld_tokens", "max_ngram"),
     ),
     ("suffix", "Suffix", _build_suffix, "sized tree", ("pld_tokens",)),
-    ("hf-greedy", "HF", _build_hf_greedy, "plain", ()),
-    ("hf-assisted", "HF-AG", _build_hf_assisted, "draft", ("gamma", "draft_confidence")),
+    ("hf-greedy", "HF", _build_hf_greedy, "plain external", ()),
+    ("hf-assisted", "HF-AG", _build_hf_assisted, "draft external", ("gamma", "draft_confidence")),
 )
 
 
 def _spec(name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...]) -> MethodSpec:
-    unknown = set(flags.split()) - {"draft", "plain", "sized", "tree"}
+    unknown = set(flags.split()) - {"draft", "plain", "sized", "tree", "lossy", "external"}
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
     return MethodSpec(
@@ -335,6 +344,8 @@ def _spec(name: str, seed: str, build: Builder, flags: str, params: tuple[str, .
         draft_length=params[0] if params else None,
         seed_name=seed,
         tree="tree" in flags,
+        lossless="lossy" not in flags,
+        external="external" in flags,
     )
 
 
