@@ -86,7 +86,10 @@ class GenerationStats(RoundDetails):
         return out
 
     def record_tree(self, proposal: Proposal, path: list[int]) -> None:
-        """Tree rounds: nodes verified, and whether the accepted path left the first-child chain."""
+        """Tree rounds: nodes verified, and whether the accepted path left the first-child chain.
+        A round with no node (a plain step) is not a tree round; the sizing figures count it."""
+        if not proposal.tokens:
+            return
         self.tree_rounds += 1
         self.tree_nodes += len(proposal.tokens)
         first = proposal.top_path()
@@ -282,10 +285,17 @@ class SpeculativeDecoder:
         drafted_ms = 0.0
         if proposer.draft_passes:
             pending = proposer.lag(sequence)
-            plain = sizer.wants_draft(len(sequence), depth, pending)
+            # A hybrid's lookup tree is free: the draft must add to it, not merely beat a plain step.
+            base = (
+                sizer.preview(proposer.lookup_tree(sequence), len(sequence))
+                if proposer.has_lookup
+                else (1.0, 0)
+            )
+            plain = sizer.wants_draft(len(sequence), depth, pending, base)
             proposer.use_draft = plain is None
             if plain is not None and not proposer.has_lookup:
                 return Proposal(parents=[]), plain
+            proposer.min_value = sizer.expand_threshold(len(sequence))
             drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
         t0 = time.perf_counter()
         proposal = proposer.propose(sequence, depth, params, sampler)

@@ -46,7 +46,7 @@ class DecoderConfig:
     # Tree methods: candidates per expanded node and leaves expanded per level (draft trees), and
     # a fixed node budget per round (None: chosen each round from the cost curve; without a
     # profile, a chain).
-    tree_width: int = 4
+    tree_width: int = 8
     tree_budget: int | None = None
 
     def __post_init__(self) -> None:

@@ -141,6 +141,7 @@ class Evidence:
     # recent tree rounds were expected to bring.
     tree_scores: dict = field(default_factory=dict)
     tree_gain: list[float] = field(default_factory=list)
+    tree_draft_gain: list[float] = field(default_factory=list)  # (E[tokens], nodes) the draft added
 
 
 class RoundSizer:
@@ -400,6 +401,19 @@ class TreeSizer(RoundSizer):
         g = self.evidence.tree_gain
         return (g[0], g[1]) if g else None
 
+    def _costs(self, pending: int = 2):
+        """A tree's verify cost, calibrated by this run's measured round times; its drafting is
+        costed separately (`tree_draft_ms`), never as one draft pass per node."""
+        calibrated = self.calibration
+
+        def verify_ms(n: int, ctx: int) -> float:
+            return self.cost.verify_ms(n, ctx) * calibrated[n > 1]
+
+        def draft_ms(k: int, ctx: int) -> float:
+            return 0.0
+
+        return verify_ms, draft_ms
+
     # -- calibration -------------------------------------------------------------------------
     def _key(self, proposal, i: int) -> str:
         source = proposal.sources[i] if proposal.sources else "tree"
@@ -440,17 +454,39 @@ class TreeSizer(RoundSizer):
         cost = verify_ms(n + 1, context) + (0.0 if self.free_drafts else self.tree_draft_ms(context, pending))
         return tokens / cost
 
-    def wants_draft(self, context: int, limit: int, pending: int = 2) -> Choice | None:
-        """Before a draft-model tree: None to draft, or the plain step to take instead."""
+    def expand_threshold(self, context: int) -> float:
+        """A draft tree grows one more level only while its best leaf is at least this likely:
+        a level costs one draft pass, which must buy at least what that time buys plainly."""
+        if self.cost.draft is None:
+            return 0.0
+        return self.cost.draft.forward_ms(self.width, context) / self.cost.verify_ms(1, context)
+
+    def wants_draft(
+        self, context: int, limit: int, pending: int = 2, base: tuple[float, int] = (1.0, 0)
+    ) -> Choice | None:
+        """Before a draft-model tree: None to draft, or the plain step to take instead.
+
+        `base` is (expected tokens, nodes) of the round without the draft: a plain step, or for a
+        hybrid the prompt-lookup tree already found for free. Drafting must add more than it costs,
+        judged by what draft nodes brought in recent drafted rounds, with rare probes otherwise.
+        """
         verify_ms, _ = self._costs()
         plain = self.cost.verify_ms(1, context)
         self.evidence.rounds += 1
         if limit <= 0:
             return Choice(0, 1.0, verify_ms(1, context), plain)
-        if self.gain is None or self._round_rate(*self.gain, context, pending) > 1.0 / verify_ms(1, context):
+        drafted = self.evidence.tree_draft_gain
+        base_tokens, base_n = base
+        without = base_tokens / verify_ms(base_n + 1, context)
+        if not drafted:
+            return None  # nothing known yet: find out
+        gain, nodes = drafted
+        draft_ms = self.tree_draft_ms(context, pending)
+        with_draft = (base_tokens + gain) / (verify_ms(base_n + round(nodes) + 1, context) + draft_ms)
+        if with_draft > without:
             return None
         self._since_probe += 1
-        extra = self.tree_draft_ms(context, pending) + verify_ms(round(self.gain[1]) + 1, context) - plain
+        extra = draft_ms + verify_ms(base_n + round(nodes) + 1, context) - verify_ms(base_n + 1, context)
         gap = max(PROBE_MIN_GAP, math.ceil(extra / (PROBE_BUDGET * plain))) * min(
             2**self._misses, PROBE_BACKOFF
         )
@@ -458,6 +494,29 @@ class TreeSizer(RoundSizer):
             self._since_probe = 0
             return None
         return Choice(0, 1.0, verify_ms(1, context), plain)
+
+    def _budget(self, proposal, context: int) -> tuple[list[float], int, float, float]:
+        """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
+        verify_ms, _ = self._costs()
+        scores = proposal.scores or [1.0] * len(proposal.tokens)
+        chances = [self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
+        values = proposal.path_values(chances)
+        ranked = sorted(values, reverse=True)
+        overhead = self.propose_ms if self.free_drafts else 0.0
+        best = (0, 1.0, verify_ms(1, context) + overhead)
+        sizes = [n for n in TREE_BUDGETS[1:] if n < len(ranked)] + [len(ranked)] if ranked else []
+        for n in sizes:
+            tokens, cost = 1.0 + sum(ranked[:n]), verify_ms(n + 1, context) + overhead
+            if tokens / cost > best[1] / best[2] * (1 + 1e-9):
+                best = (n, tokens, cost)
+        return values, *best
+
+    def preview(self, proposal, context: int) -> tuple[float, int]:
+        """(E[tokens], nodes) of the best sub-tree of `proposal`, without learning anything."""
+        if not proposal.tokens:
+            return 1.0, 0
+        _, n, tokens, _ = self._budget(proposal, context)
+        return tokens, n
 
     def fit(self, proposal, context: int, drafted_ms: float = 0.0):
         """The sub-tree worth verifying now, and the choice made (drafting is already paid)."""
@@ -468,31 +527,15 @@ class TreeSizer(RoundSizer):
         if not proposal.tokens:
             return proposal, Choice(0, 1.0, verify_ms(1, context), plain)
         self.evidence.rounds_with_proposal += 1
-        scores = proposal.scores or [1.0] * len(proposal.tokens)
-        chances = [self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
-        values = proposal.path_values(chances)
-        ranked = sorted(values, reverse=True)
-        overhead = self.propose_ms if self.free_drafts else 0.0
-        best_n, best_tokens, best_cost = 0, 1.0, verify_ms(1, context) + overhead
-        for n in TREE_BUDGETS[1:]:
-            if n > len(ranked):
-                break
-            tokens = 1.0 + sum(ranked[:n])
-            cost = verify_ms(n + 1, context) + overhead
-            if tokens / cost > best_tokens / best_cost * (1 + 1e-9):
-                best_n, best_tokens, best_cost = n, tokens, cost
-        if len(ranked) not in TREE_BUDGETS and len(ranked) < TREE_BUDGETS[-1]:
-            tokens, cost = 1.0 + sum(ranked), verify_ms(len(ranked) + 1, context) + overhead
-            if tokens / cost > best_tokens / best_cost * (1 + 1e-9):
-                best_n, best_tokens, best_cost = len(ranked), tokens, cost
-        # What a tree round is expected to bring, for the next decision to draft.
-        full = (best_tokens, float(best_n)) if best_n else (1.0 + ranked[0], 1.0)
-        gain = self.evidence.tree_gain
-        if not gain:
-            gain.extend(full)
-        else:
-            gain[:] = [g + TREE_SMOOTHING * (f - g) for g, f in zip(gain, full, strict=True)]
+        values, best_n, best_tokens, best_cost = self._budget(proposal, context)
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
+        _follow(self.evidence.tree_gain, (best_tokens, float(best_n)))
+        if drafted_ms > 0:
+            # What the draft's own nodes added to the chosen tree, for the next decision to draft.
+            kept = set(_chosen_nodes(values, best_n))
+            sources = proposal.sources or ["draft"] * len(values)
+            mine = [i for i in kept if "draft" in sources[i]]
+            _follow(self.evidence.tree_draft_gain, (sum(values[i] for i in mine), float(len(mine))))
         return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
 
     def tokens_per_ms(self, context: int) -> float:
@@ -501,3 +544,15 @@ class TreeSizer(RoundSizer):
         if self.gain is None:
             return plain
         return max(plain, self._round_rate(*self.gain, context, 2))
+
+
+def _follow(running: list[float], value: tuple[float, float]) -> None:
+    """An exponential moving average kept in place (it is shared by a method's dtype copies)."""
+    if not running:
+        running.extend(value)
+    else:
+        running[:] = [r + TREE_SMOOTHING * (v - r) for r, v in zip(running, value, strict=True)]
+
+
+def _chosen_nodes(values: list[float], n: int) -> list[int]:
+    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:n]

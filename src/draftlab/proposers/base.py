@@ -16,6 +16,11 @@ class Proposer:
     draft_passes: bool = False  # proposing costs draft-model passes (the sizer decides whether to draft)
     has_lookup: bool = False  # a draft-model tree that can still propose from lookups without drafting
     use_draft: bool = True  # set before each round when `draft_passes`
+    min_value: float = 0.0  # draft trees: grow a level only while the best leaf is this likely
+
+    def lookup_tree(self, sequence: list[int]) -> Proposal:
+        """`has_lookup` proposers: the free (prompt-lookup) part of this round's proposal."""
+        return Proposal(parents=[])
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
         """A new generation: `prompt_ids` is the user's prompt, `prefix` the target's sequence start."""

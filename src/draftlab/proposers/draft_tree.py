@@ -69,8 +69,8 @@ class DraftTreeProposer(DraftModelBase):
         for depth in range(2, k + 1):
             expand = [i for i in level if tokens[i] not in self.stop_tokens]
             expand = sorted(expand, key=lambda i: -values[i])[: self.width]
-            if not expand:
-                break
+            if not expand or values[expand[0]] < self.min_value:
+                break  # another level would cost a pass for leaves too unlikely to be reached
             feed_parents = [area_of[parents[i]] if parents[i] >= 0 else -1 for i in expand]
             for i in expand:
                 area_of[i] = len(area_of)

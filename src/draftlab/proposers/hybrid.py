@@ -25,12 +25,14 @@ class HybridTreeProposer(Proposer):
         self.lookup = lookup
         self.max_nodes = max_nodes
         self.draft = draft.draft  # the loop synchronises the draft's device like any draft model's
+        self._looked_up: tuple[int, Proposal] | None = None  # (sequence length, lookup tree)
 
     @property
     def forward_calls(self) -> int:  # type: ignore[override]
         return self.draft_tree.forward_calls
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
+        self._looked_up = None
         self.draft_tree.start(prompt_ids, prefix)
         self.lookup.start(prompt_ids, prefix)
 
@@ -40,10 +42,17 @@ class HybridTreeProposer(Proposer):
     def lag(self, sequence: list[int]) -> int:
         return self.draft_tree.lag(sequence)
 
+    def lookup_tree(self, sequence: list[int]) -> Proposal:
+        if self._looked_up is None or self._looked_up[0] != len(sequence):
+            self._looked_up = (len(sequence), self.lookup.propose(sequence, self.lookup.depth, None, None))
+        return self._looked_up[1]
+
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
-        looked_up = self.lookup.propose(sequence, self.lookup.depth, params, sampler)
+        looked_up = self.lookup_tree(sequence)
+        self._looked_up = None
         if not self.use_draft:  # drafting does not pay here: the lookup tree alone
             return looked_up
+        self.draft_tree.min_value = self.min_value
         drafted = self.draft_tree.propose(sequence, k, params, sampler)
         return merge_trees([drafted, looked_up], self.max_nodes)
 
