@@ -53,8 +53,9 @@ def last_line(capsys) -> str:
 
 def test_audit_passes_on_a_real_pair_with_power(pair, capsys, tmp_path):
     out = tmp_path / "audit.json"
-    assert audit(pair, "--samples", "1000", "--prefixes", "1", "--json", str(out)) == 0
-    assert last_line(capsys) == "audit: lossless: sps, pld"
+    methods = ["--methods", "sps,pld,sps-tree"]  # a tree method too: the multi-draft rule is audited
+    assert audit(pair, "--samples", "1000", "--prefixes", "1", "--json", str(out), *methods) == 0
+    assert last_line(capsys) == "audit: lossless: sps, pld, sps-tree"
     result = json.loads(out.read_text())
     for method in ("sps", "pld"):
         m = result["methods"][method]
@@ -174,10 +175,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, fragment):
 
 
 def test_methods_come_from_the_registry(monkeypatch):
-    assert default_methods() == ["sps", "pld"]
+    ours = ["sps", "pld", "pld-tree", "sps-tree", "hybrid", "suffix"]
+    assert default_methods() == ours
     sps = registry.REGISTRY["sps"]
-    monkeypatch.setitem(registry.REGISTRY, "tree", registry.MethodSpec("tree", "a new method", sps.build))
-    assert default_methods() == ["sps", "pld", "tree"]  # bild (lossy) and the hf-* peers stay out
+    monkeypatch.setitem(registry.REGISTRY, "new", registry.MethodSpec("new", "a new method", sps.build))
+    assert default_methods() == [*ours, "new"]  # bild (lossy) and the hf-* peers stay out
 
 
 def test_judgement_and_verdict():
@@ -204,4 +206,4 @@ def test_default_pair_greedy(capsys, tmp_path):
     prompts.write_text('{"prompt": "What is the capital of France?"}\n{"prompt": "Fix: he go to school."}\n')
     argv = ["audit", "--dtype", "float32", "--fixed-k", "--prompts", str(prompts), "--quiet"]
     assert main([*argv, "--max-new-tokens", "12", "--samples", "0"]) == 0
-    assert last_line(capsys) == "audit: lossless: sps, pld"
+    assert last_line(capsys) == "audit: lossless: sps, pld, pld-tree, sps-tree, hybrid, suffix"

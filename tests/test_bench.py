@@ -235,6 +235,11 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
             {f"{m} {c} {a}" for m in ("ar", "sps") for c in ("cache", "no-cache") for a in ("eager", "sdpa")},
         ),
         ("sizing", [], {"ar", "sps fixed k", "sps cost-aware", "pld fixed k", "pld cost-aware"}),
+        (
+            "tree",
+            ["--budgets", "2,8", "--tree-methods", "pld-tree,sps-tree"],
+            {"ar", "pld-tree n=2", "pld-tree n=8", "sps-tree n=2", "sps-tree n=8"},
+        ),
     ]:
         out = tmp_path / f"{kind}-{len(extra)}"
         args = common
@@ -243,3 +248,6 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
         assert main(["sweep", kind, *args, *extra, "--out", str(out)]) == 0, kind
         assert {r.label for r in read_records(out / "results.jsonl")} == labels
         assert (out / "report.md").exists()
+        if kind == "tree":
+            assert "Sweep: tree node budget" in (out / "report.md").read_text()
+            assert (out / "speedup_vs_tree_budget.png").exists()

@@ -131,3 +131,21 @@ def test_vs_best_ar_compares_with_the_fastest_plain_decoding():
         # the speed-up over the same-dtype ar is unchanged
         assert after["overall"][label]["speedup"] == pytest.approx(before["overall"][label]["speedup"])
     assert after["overall"]["ar"]["vs_best_ar"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("method", ["pld-tree", "sps-tree", "hybrid", "suffix"])
+def test_generate_runs_tree_methods_and_reports_their_trees(tiny_pair, capsys, method):
+    argv = ["generate", *pair_args(tiny_pair), "--method", method, "--tree-budget", "8", "--json"]
+    assert main([*argv, "--max-new-tokens", "12", "the cat sat on the mat and the cat sat on the"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    stats = record["stats"]
+    assert stats["new_tokens"] > 0 and stats["tree_fallback"] is None
+    if method in ("sps-tree", "hybrid"):
+        assert stats["tree_rounds"] > 0 and stats["tree_nodes"] > stats["tree_rounds"]
+
+
+def test_a_tree_method_on_an_encoder_decoder_target_is_one_line_exit_2(tiny_pair, capsys):
+    argv = ["generate", *pair_args(tiny_pair, "t5"), "--method", "pld-tree", "--max-new-tokens", "4", "hi"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "decoder-only" in err and "pld-tree" in err

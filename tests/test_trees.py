@@ -341,3 +341,22 @@ def test_the_tree_chi_square_test_rejects_a_wrong_rule(pair):  # noqa: F811
     target, draft = pair
     counts, _ = _sample(_draft_tree_decoder(target, draft, ResampleFromTargetRule()), 6000)
     assert chi_square_p(target, counts) < 1e-6
+
+
+def test_drafting_a_tree_must_add_more_than_it_costs():
+    """The decision to grow a draft tree: against a plain step, or a hybrid's free lookup tree."""
+    draft_cost = curve({1: 5.0, 2: 5.2, 16: 6.0})
+    flat = TreeSizer(CostModel(FLAT, draft_cost), depth=4, width=8, free_drafts=False)
+    assert flat.wants_draft(256, 4) is None, "nothing known yet: draft and find out"
+    flat.evidence.tree_draft_gain[:] = [0.9, 8.0, 2.0]  # the draft added 0.9 tokens over 2 passes
+    assert flat.wants_draft(256, 4) is None
+    steep = TreeSizer(CostModel(STEEP, draft_cost), depth=4, width=8, free_drafts=False)
+    steep.evidence.tree_draft_gain[:] = [0.9, 8.0, 2.0]
+    choice = steep.wants_draft(256, 4)
+    assert choice is not None and choice.k == 0, "9 target tokens cost 9 steps: never worth 0.9 tokens"
+    # Over a lookup tree that already brings 3 tokens in 4 nodes, a weak draft adds too little.
+    flat.evidence.tree_draft_gain[:] = [0.1, 8.0, 4.0]
+    assert flat.wants_draft(256, 4, base=(3.0, 4)) is not None
+    assert flat.expand_threshold(256) == pytest.approx(
+        draft_cost.forward_ms(8, 256) / FLAT.forward_ms(1, 256)
+    )

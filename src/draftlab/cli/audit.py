@@ -54,6 +54,8 @@ from draftlab.verify.rules import SpeculativeRule
 
 GREEDY = SamplingParams()
 
+AUDIT_TREE_BUDGET = 16  # nodes per round when the audit samples a tree method
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -238,6 +240,9 @@ class Audit:
         """One method at one prefix: `--samples` 2-token generations, their p-value under `law`."""
         t_reuse = reuse_prefix(target, ids)
         d_reuse = reuse_prefix(draft, ids) if draft is not None and config.needs_draft else None
+        if config.spec.tree and config.tree_budget is None:
+            # Without a cost model a tree method verifies a chain; a fixed budget tests the tree rule.
+            config = dataclasses.replace(config, tree_budget=AUDIT_TREE_BUDGET)
         decoder = build_decoder(config, t_reuse, d_reuse)  # no cost model: every round drafts its k
         if rule is not None:
             decoder.rule = rule

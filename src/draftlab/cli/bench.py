@@ -22,12 +22,12 @@ from draftlab.cli.run_setup import (
     suite_examples,
     variant_params,
 )
-from draftlab.decode.methods import METHODS, method_spec
+from draftlab.decode.methods import METHODS, check_fits, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import DTYPES, LoadedModel
 from draftlab.models.profile import supported_dtypes
 
-DEFAULT_METHODS = "ar,sps,pld,hf-assisted"
+DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     examples = suite_examples(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
     target, draft = load_pair(args, needs_draft)
+    for config in configs.values():
+        check_fits(config, target)
     # Before profiling: a draft too short for these prompts is refused now, not mid-run.
     check_contexts(
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat

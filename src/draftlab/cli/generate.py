@@ -17,7 +17,7 @@ from draftlab.cli.common import (
     load_pair,
     sampling_from,
 )
-from draftlab.decode.methods import METHODS, build_decoder
+from draftlab.decode.methods import METHODS, build_decoder, check_fits
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     config = decoder_config(args, args.method)
     params = sampling_from(args)
     target, draft = load_pair(args, config.needs_draft)
+    check_fits(config, target)
     ids = encode_prompt(target, prompt, chat=args.chat)
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
     cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None

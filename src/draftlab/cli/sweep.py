@@ -23,7 +23,7 @@ from draftlab.cli.run_setup import (
     suite_examples,
     variant_params,
 )
-from draftlab.decode.methods import method_spec
+from draftlab.decode.methods import check_fits, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
@@ -167,6 +167,8 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     need_draft = any(method_spec(m).needs_draft for m in methods)
     target, draft = load_pair(args, need_draft=need_draft)
     check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
+    for method in methods:
+        check_fits(decoder_config(args, method), target)
     base = decoder_config(args, "ar")
     variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
     for method in methods:

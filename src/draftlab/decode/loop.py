@@ -297,11 +297,11 @@ class SpeculativeDecoder:
                 return Proposal(parents=[]), plain
             proposer.min_value = sizer.expand_threshold(len(sequence))
             drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
-        t0 = time.perf_counter()
+        t0, calls = time.perf_counter(), proposer.forward_calls
         proposal = proposer.propose(sequence, depth, params, sampler)
         if sizer.free_drafts:
             sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
-        return sizer.fit(proposal, len(sequence), drafted_ms)
+        return sizer.fit(proposal, len(sequence), drafted_ms, proposer.forward_calls - calls)
 
     @staticmethod
     def _learn(

@@ -194,12 +194,17 @@ def _tree_sizer(config: DecoderConfig, cost: CostModel | None, depth: int, free_
     return TreeSizer(cost, depth, config.tree_width, free_drafts=free_drafts)
 
 
-def _tree_target(config: DecoderConfig, target: LoadedModel):
-    if target.is_encoder_decoder:
+def check_fits(config: DecoderConfig, target: LoadedModel) -> None:
+    """Refuse a method the target cannot run, before anything is profiled or generated."""
+    if config.spec.tree and target.is_encoder_decoder:
         raise DraftlabError(
             f"method '{config.method}' verifies token trees, which needs a decoder-only target; "
             f"{target.spec.name} is an encoder-decoder model (use the chain methods: sps, pld)"
         )
+
+
+def _tree_target(config: DecoderConfig, target: LoadedModel):
+    check_fits(config, target)
     return _target(config, target)
 
 

@@ -141,7 +141,8 @@ class Evidence:
     # recent tree rounds were expected to bring.
     tree_scores: dict = field(default_factory=dict)
     tree_gain: list[float] = field(default_factory=list)
-    tree_draft_gain: list[float] = field(default_factory=list)  # (E[tokens], nodes) the draft added
+    # (E[tokens], nodes) the draft added to drafted tree rounds, and the draft passes they took.
+    tree_draft_gain: list[float] = field(default_factory=list)
 
 
 class RoundSizer:
@@ -442,11 +443,14 @@ class TreeSizer(RoundSizer):
 
     # -- choices -----------------------------------------------------------------------------
     def tree_draft_ms(self, context: int, pending: int) -> float:
-        """A draft tree: one catch-up pass, then a pass over `width` leaves per further level."""
+        """A draft tree: one catch-up pass, then a pass over `width` leaves per further level, as
+        many levels as recent trees grew (they stop early where leaves get unlikely)."""
         if self.cost.draft is None:
             return 0.0
         first = self.cost.draft_ms(1, context, pending)
-        return first + (self.k_max - 1) * self.cost.draft.forward_ms(self.width, context)
+        drafted = self.evidence.tree_draft_gain
+        levels = drafted[2] if drafted else float(self.k_max)
+        return first + max(levels - 1.0, 0.0) * self.cost.draft.forward_ms(self.width, context)
 
     def _round_rate(self, tokens: float, nodes: float, context: int, pending: int) -> float:
         verify_ms, _ = self._costs()
@@ -480,7 +484,7 @@ class TreeSizer(RoundSizer):
         without = base_tokens / verify_ms(base_n + 1, context)
         if not drafted:
             return None  # nothing known yet: find out
-        gain, nodes = drafted
+        gain, nodes, _ = drafted
         draft_ms = self.tree_draft_ms(context, pending)
         with_draft = (base_tokens + gain) / (verify_ms(base_n + round(nodes) + 1, context) + draft_ms)
         if with_draft > without:
@@ -518,7 +522,7 @@ class TreeSizer(RoundSizer):
         _, n, tokens, _ = self._budget(proposal, context)
         return tokens, n
 
-    def fit(self, proposal, context: int, drafted_ms: float = 0.0):
+    def fit(self, proposal, context: int, drafted_ms: float = 0.0, draft_passes: int = 0):
         """The sub-tree worth verifying now, and the choice made (drafting is already paid)."""
         verify_ms, _ = self._costs()
         plain = self.cost.verify_ms(1, context)
@@ -535,7 +539,8 @@ class TreeSizer(RoundSizer):
             kept = set(_chosen_nodes(values, best_n))
             sources = proposal.sources or ["draft"] * len(values)
             mine = [i for i in kept if "draft" in sources[i]]
-            _follow(self.evidence.tree_draft_gain, (sum(values[i] for i in mine), float(len(mine))))
+            gain = (sum(values[i] for i in mine), float(len(mine)), float(max(draft_passes, 1)))
+            _follow(self.evidence.tree_draft_gain, gain)
         return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
 
     def tokens_per_ms(self, context: int) -> float:

@@ -3,7 +3,9 @@
 The longest suffix of the current text that occurred before, in the prompt, in the text written
 so far or in the outputs of earlier requests of the same run, is looked up; everything that
 followed its occurrences is merged into a frequency-weighted tree. How deep the tree may go
-grows with the length of that match (the paper's MAX_SPEC = α·p), and branches whose estimated
+grows with the length of that match (the paper's MAX_SPEC = α·p; α = 4 here: on the built-in
+multi-turn, qa and rag prompts it accepted 1.47 tokens a round against 1.41 with α = 1, and the
+round sizer trims what does not pay), and branches whose estimated
 probability falls below a floor are pruned. Outputs of a request with the same prompt are never
 used (in a benchmark that would be the answer itself); the proposer records which earlier
 outputs its proposals drew on.
@@ -29,7 +31,7 @@ class SuffixProposer(Proposer):
     def __init__(
         self,
         max_pattern: int = 32,
-        depth_factor: float = 1.0,
+        depth_factor: float = 4.0,
         max_depth: int = 16,
         min_score: float = 0.1,
         max_nodes: int = MAX_TREE_NODES,
