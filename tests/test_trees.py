@@ -360,3 +360,13 @@ def test_drafting_a_tree_must_add_more_than_it_costs():
     assert flat.expand_threshold(256) == pytest.approx(
         draft_cost.forward_ms(8, 256) / FLAT.forward_ms(1, 256)
     )
+
+
+def test_suffix_copies_of_one_method_share_their_earlier_outputs():
+    """A routed method holds one proposer per dtype; every copy learns from every output."""
+    first, second = SuffixProposer(max_depth=4, min_score=0.0), SuffixProposer(max_depth=4, min_score=0.0)
+    second.share(first)
+    first.start([1, 2], [1, 2])
+    first.finish([1, 2], [10, 11, 12, 13])
+    second.start([3, 10, 11], [3, 10, 11])
+    assert second.propose([3, 10, 11], 4, GREEDY, None).tokens[:2] == [12, 13]

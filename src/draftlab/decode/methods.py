@@ -396,5 +396,6 @@ def build_decoder(
     for other, other_cost in alternatives:
         decoder = spec.build(config, other, draft, other_cost)
         decoder.sizer.share(main.sizer.evidence)
+        decoder.proposer.share(main.proposer)
         decoders[other.spec.dtype] = decoder
     return DtypeRouter(decoders)

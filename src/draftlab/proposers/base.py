@@ -42,6 +42,9 @@ class Proposer:
         """What the report should say about this generation's proposals (empty: nothing)."""
         return {}
 
+    def share(self, other: Proposer) -> None:
+        """Learn into (and from) `other`'s memory: the same method's proposer in another dtype."""
+
 
 class NoProposer(Proposer):
     """Proposes nothing: the decode loop then is plain autoregressive decoding."""

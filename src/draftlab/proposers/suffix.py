@@ -58,6 +58,10 @@ class SuffixProposer(Proposer):
             label = f"output #{len(self._outputs) + 1}"
             self._outputs.append((hash(tuple(prompt_ids)), label, np.asarray(output_ids, dtype=np.int64)))
 
+    def share(self, other: Proposer) -> None:
+        if isinstance(other, SuffixProposer):
+            self._outputs = other._outputs  # one store of earlier outputs for every dtype copy
+
     def info(self) -> dict:
         return {"earlier_outputs_used": dict(self.used), "earlier_outputs_held": len(self._outputs)}
 
