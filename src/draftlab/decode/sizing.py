@@ -141,7 +141,8 @@ class Evidence:
     # recent tree rounds were expected to bring.
     tree_scores: dict = field(default_factory=dict)
     tree_gain: list[float] = field(default_factory=list)
-    # (E[tokens], nodes) the draft added to drafted tree rounds, and the draft passes they took.
+    # Recent drafted tree rounds: tokens only the draft proposed and the target accepted, draft
+    # nodes verified, draft passes taken (moving averages).
     tree_draft_gain: list[float] = field(default_factory=list)
 
 
@@ -391,6 +392,7 @@ class TreeSizer(RoundSizer):
     def __init__(self, cost: CostModel, depth: int, width: int, free_drafts: bool, **kwargs) -> None:
         super().__init__(cost, k_max=depth, free_drafts=free_drafts, **kwargs)
         self.width = width
+        self._drafted: tuple[float, float] | None = None  # (draft nodes verified, passes) this round
 
     @property
     def scores(self) -> dict[str, _Calibration]:
@@ -428,7 +430,18 @@ class TreeSizer(RoundSizer):
         return (cal.accepted[b] + SCORE_PRIOR_WEIGHT * score) / (cal.reached[b] + SCORE_PRIOR_WEIGHT)
 
     def observe_tree(self, proposal, path: list[int]) -> None:
-        """Every node whose parent was accepted was reached; those on the path were accepted."""
+        """Every node whose parent was accepted was reached; those on the path were accepted.
+
+        After a drafted round, the tokens that only the draft proposed and the target accepted
+        are what drafting really added: the next decision to draft follows that, not the
+        calibrated guess, so an over-confident draft stops being trusted after a round or two.
+        """
+        if self._drafted is not None:
+            nodes, passes = self._drafted
+            self._drafted = None
+            sources = proposal.sources or ["draft"] * len(proposal.tokens)
+            added = float(sum(sources[i] == "draft" for i in path))
+            _follow(self.evidence.tree_draft_gain, (added, nodes, passes))
         if not proposal.tokens:
             return
         on_path = set(path)
@@ -535,12 +548,9 @@ class TreeSizer(RoundSizer):
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
         _follow(self.evidence.tree_gain, (best_tokens, float(best_n)))
         if drafted_ms > 0:
-            # What the draft's own nodes added to the chosen tree, for the next decision to draft.
-            kept = set(_chosen_nodes(values, best_n))
-            sources = proposal.sources or ["draft"] * len(values)
-            mine = [i for i in kept if "draft" in sources[i]]
-            gain = (sum(values[i] for i in mine), float(len(mine)), float(max(draft_passes, 1)))
-            _follow(self.evidence.tree_draft_gain, gain)
+            # The draft's share of the chosen tree; what it really adds is known after verification.
+            sources = chosen.sources or ["draft"] * len(chosen.tokens)
+            self._drafted = (float(sum("draft" in x for x in sources)), float(max(draft_passes, 1)))
         return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
 
     def tokens_per_ms(self, context: int) -> float:
@@ -557,7 +567,3 @@ def _follow(running: list[float], value: tuple[float, float]) -> None:
         running.extend(value)
     else:
         running[:] = [r + TREE_SMOOTHING * (v - r) for r, v in zip(running, value, strict=True)]
-
-
-def _chosen_nodes(values: list[float], n: int) -> list[int]:
-    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:n]
