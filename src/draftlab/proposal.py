@@ -105,6 +105,23 @@ class Proposal:
                 chosen.update(path)
         return self.select(sorted(chosen))
 
+    def breadth_first(self, values: list[float]) -> Proposal:
+        """The same tree with nodes ordered by depth, then by value: topological, and siblings
+        in the order the verifier should try them, likeliest first."""
+        depths = self.depths()
+        order = sorted(range(len(self.tokens)), key=lambda i: (depths[i], -values[i], i))
+        index = {old: new for new, old in enumerate(order)}
+        parents = self.parent_list()
+        return Proposal(
+            [self.tokens[i] for i in order],
+            self.probs[order] if self.probs is not None and order else None,
+            self.fell_back,
+            self.kind,
+            [index[parents[i]] if parents[i] >= 0 else -1 for i in order],
+            [self.scores[i] for i in order] if self.scores is not None else None,
+            [self.sources[i] for i in order] if self.sources is not None else None,
+        )
+
     def top_path(self) -> list[int]:
         """The chain of first children from the root: the proposer's single best guess."""
         kids = self.children()

@@ -8,6 +8,7 @@ the encoder once and the sequence starts with the decoder start token.
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
@@ -31,7 +32,6 @@ class CachedModel:
         self._cache: DynamicCache | EncoderDecoderCache | None = None
         self._encoder_out: BaseModelOutput | None = None
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
-        self._tree_ok: bool | None = None
         self._tree: _TreeArea | None = None  # the token tree being fed, if any
 
     @property
@@ -132,9 +132,10 @@ class CachedModel:
         Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
         custom 4D mask fail this, and tree methods then fall back to chains.
         """
-        if self._tree_ok is None:
-            self._tree_ok = self._check_trees()
-        return self._tree_ok
+        ok = _TREE_SUPPORT.get(self.model)
+        if ok is None:
+            ok = _TREE_SUPPORT[self.model] = self._check_trees()
+        return ok
 
     def _check_trees(self) -> bool:
         if not self.use_cache or self.lm.is_encoder_decoder:
@@ -170,6 +171,10 @@ class CachedModel:
         del self._tokens[length:]
         if self._cache is not None:
             self._cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
+
+
+# Whether a model verifies trees exactly, per model object: every decoder built on it shares the check.
+_TREE_SUPPORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _TreeArea:

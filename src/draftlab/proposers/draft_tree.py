@@ -60,13 +60,12 @@ class DraftTreeProposer(DraftModelBase):
         parents: list[int] = []
         scores: list[float] = []
         values: list[float] = []
-        depth_of: list[int] = []
         area_of: dict[int, int] = {}  # node -> its slot in the draft's tree area, once fed
         level: list[int] = []
         for token, q in zip(*self._children(root_logits, params), strict=True):
             level.append(len(tokens))
-            tokens.append(token), parents.append(-1), scores.append(q), values.append(q), depth_of.append(1)
-        for depth in range(2, k + 1):
+            tokens.append(token), parents.append(-1), scores.append(q), values.append(q)
+        for _level in range(2, k + 1):
             expand = [i for i in level if tokens[i] not in self.stop_tokens]
             expand = sorted(expand, key=lambda i: -values[i])[: self.width]
             if not expand or values[expand[0]] < self.min_value:
@@ -81,23 +80,8 @@ class DraftTreeProposer(DraftModelBase):
                 for token, q in zip(*self._children(logits[row], params), strict=True):
                     level.append(len(tokens))
                     tokens.append(token), parents.append(i), scores.append(q)
-                    values.append(values[i] * q), depth_of.append(depth)
+                    values.append(values[i] * q)
         self.draft.crop(base)  # the tree leaves the draft's cache; the accepted path is fed next round
         proposal = Proposal(tokens, parents=parents, scores=scores, sources=["draft"] * len(tokens))
         proposal = proposal.best(values, self.max_nodes)
-        return _breadth_first(proposal, proposal.path_values(proposal.scores))
-
-
-def _breadth_first(proposal: Proposal, values: list[float]) -> Proposal:
-    """Re-order nodes by depth, then by value: topological, and siblings likeliest first."""
-    depths = proposal.depths()
-    order = sorted(range(len(proposal.tokens)), key=lambda i: (depths[i], -values[i], i))
-    index = {old: new for new, old in enumerate(order)}
-    parents = proposal.parent_list()
-    return Proposal(
-        [proposal.tokens[i] for i in order],
-        kind=proposal.kind,
-        parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order],
-        scores=[proposal.scores[i] for i in order] if proposal.scores else None,
-        sources=[proposal.sources[i] for i in order] if proposal.sources else None,
-    )
+        return proposal.breadth_first(proposal.path_values(proposal.scores))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer
-from draftlab.proposers.draft_tree import MAX_TREE_NODES, DraftTreeProposer, _breadth_first
+from draftlab.proposers.draft_tree import MAX_TREE_NODES, DraftTreeProposer
 from draftlab.proposers.lookup_tree import LookupTreeProposer
 from draftlab.sampling import Sampler, SamplingParams
 
@@ -90,4 +90,4 @@ def merge_trees(trees: list[Proposal], max_nodes: int) -> Proposal:
     )
     merged = merged.best(values, max_nodes)
     kept_values = merged.path_values(merged.scores)
-    return _breadth_first(merged, kept_values)
+    return merged.breadth_first(kept_values)

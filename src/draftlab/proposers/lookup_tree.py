@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from draftlab.proposal import Proposal
-from draftlab.proposers.base import Proposer
+from draftlab.proposers.ngram import LookupProposer
 from draftlab.proposers.trie import ContinuationTrie, find_matches
 from draftlab.sampling import Sampler, SamplingParams
 
@@ -18,7 +18,7 @@ from draftlab.sampling import Sampler, SamplingParams
 MAX_TREE_NODES = 64
 
 
-class LookupTreeProposer(Proposer):
+class LookupTreeProposer(LookupProposer):
     """Longest n-gram with any match (down to `min_ngram`); all its matches, up to `depth` tokens each."""
 
     makes_trees = True
@@ -30,22 +30,12 @@ class LookupTreeProposer(Proposer):
         self.min_ngram = min_ngram
         self.depth = depth
         self.max_nodes = max_nodes
-        self._prompt: list[int] = []
-        self._prefix_len = 0
-
-    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
-        # An encoder-decoder's prompt is not in the decoder sequence; search it too.
-        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
-        self._prefix_len = len(prefix)
-
-    def context(self, sequence: list[int]) -> np.ndarray:
-        tokens = self._prompt + sequence[self._prefix_len :] if self._prompt else sequence
-        return np.asarray(tokens, dtype=np.int64)
+        super().__init__()
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal(parents=[])
-        context = self.context(sequence)
+        context = np.asarray(self.context(sequence), dtype=np.int64)
         depth = min(k, self.depth)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             hits = find_matches(context, context[-n:])

@@ -8,7 +8,24 @@ from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams
 
 
-class PromptLookupProposer(Proposer):
+class LookupProposer(Proposer):
+    """Proposes from the text itself: the prompt and what the target wrote after it."""
+
+    def __init__(self) -> None:
+        self._prompt: list[int] = []
+        self._prefix_len = 0
+
+    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
+        # For an encoder-decoder model the prompt is not part of the decoder sequence,
+        # yet it is where summaries and answers copy from: search it too.
+        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
+        self._prefix_len = len(prefix)
+
+    def context(self, sequence: list[int]) -> list[int]:
+        return self._prompt + sequence[self._prefix_len :] if self._prompt else sequence
+
+
+class PromptLookupProposer(LookupProposer):
     """Longest n-gram first (down to `min_ngram`), most recent match, up to k tokens copied.
 
     A single token that occurs three or more times in the context ("the", "\\n", a comma) is
@@ -21,19 +38,12 @@ class PromptLookupProposer(Proposer):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.weak_tokens = weak_tokens
-        self._prompt: list[int] = []
-        self._prefix_len = 0
-
-    def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
-        # For an encoder-decoder model the prompt is not part of the decoder sequence,
-        # yet it is where summaries and answers copy from: search it too.
-        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
-        self._prefix_len = len(prefix)
+        super().__init__()
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal()
-        context = torch.tensor(self._prompt + sequence[self._prefix_len :] if self._prompt else sequence)
+        context = torch.tensor(self.context(sequence))
         n_ctx = context.numel()
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
             tail = context[-n:]

@@ -19,13 +19,14 @@ import numpy as np
 
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer
+from draftlab.proposers.ngram import LookupProposer
 from draftlab.proposers.trie import ContinuationTrie
 from draftlab.sampling import Sampler, SamplingParams
 
 MAX_TREE_NODES = 64
 
 
-class SuffixProposer(Proposer):
+class SuffixProposer(LookupProposer):
     makes_trees = True
 
     def __init__(
@@ -42,14 +43,12 @@ class SuffixProposer(Proposer):
         self.min_score = min_score
         self.max_nodes = max_nodes
         self._outputs: list[tuple[int, str, np.ndarray]] = []  # (prompt key, label, tokens)
-        self._prompt: list[int] = []
-        self._prefix_len = 0
         self._key = 0
+        super().__init__()
         self.used: dict[str, int] = {}
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
-        self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
-        self._prefix_len = len(prefix)
+        super().start(prompt_ids, prefix)
         self._key = hash(tuple(prompt_ids))
         self.used = {}
 
@@ -68,9 +67,7 @@ class SuffixProposer(Proposer):
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal(parents=[])
-        own = np.asarray(
-            self._prompt + sequence[self._prefix_len :] if self._prompt else sequence, dtype=np.int64
-        )
+        own = np.asarray(self.context(sequence), dtype=np.int64)
         docs = [("context", own[:-1])] + [
             (label, tokens) for key, label, tokens in self._outputs if key != self._key
         ]
