@@ -19,7 +19,9 @@ def _profiles_in_tmp(tmp_path_factory):
     os.environ["DRAFTLAB_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
 
 
-STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
+# DRAFTLAB_SHARED moves ../shared, for runs from a copy of the tree (mutation testing).
+SHARED = Path(os.environ.get("DRAFTLAB_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+STORIES = SHARED / "models" / "stories260K"
 
 
 @pytest.fixture(scope="session")

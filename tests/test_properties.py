@@ -1,0 +1,240 @@
+"""Property tests (hypothesis): bootstrap intervals, resume merging, the suite loader.
+
+Each property holds for every input hypothesis can build, not only for the hand-made fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from draftlab.bench import metrics
+from draftlab.bench.records import RESULTS_FILE, Record, RunInfo, read_records
+from draftlab.bench.runner import RESUME_FIELDS, changed_settings, prepare_output
+from draftlab.bench.suites import parse_jsonl, select
+from draftlab.errors import DraftlabError
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def record(label: str, example: str, new: int, total: float, turn: int = 0, first: int = 1) -> Record:
+    prefill = min(0.1, total / 2)
+    return Record(
+        label=label, method=label, example_id=example, subtask="qa", turn=turn, repeat=0,
+        temperature=0.0, gamma=None, target="t", draft=None, prompt_tokens=5, new_tokens=new,
+        prefill_s=prefill, decode_s=total - prefill, total_s=total, target_calls=new, draft_calls=0,
+        drafted=0, accepted=0, drafted_per_position=[], accepted_per_position=[], rounds=new,
+        fallbacks=0, rollbacks=0, draft_tokens_kept=0, propose_s=0.0, propose_calls=0,
+        tokens=list(range(new)), first_tokens=min(first, new),
+    )  # fmt: skip
+
+
+# One generation: (new tokens, seconds); at least one token, so that every rate is defined.
+generation = st.tuples(st.integers(1, 500), st.floats(0.05, 50.0))
+paired_runs = st.lists(st.tuples(generation, generation), min_size=2, max_size=12)
+
+
+def as_records(pairs: list) -> tuple[list[Record], list[Record]]:
+    mine = [record("m", f"e{i}", n, s) for i, ((n, s), _) in enumerate(pairs)]
+    base = [record("b", f"e{i}", n, s) for i, (_, (n, s)) in enumerate(pairs)]
+    return mine, base
+
+
+# ----------------------------------------------------------------------------- bootstrap intervals
+
+
+@FAST
+@given(paired_runs)
+def test_speedup_is_the_ratio_of_summed_rates_and_its_interval_is_ordered(pairs):
+    mine, base = as_records(pairs)
+    out = metrics.speedup(mine, base, resamples=200)
+    rate_m = sum(n for (n, _), _ in pairs) / sum(s for (_, s), _ in pairs)
+    rate_b = sum(n for _, (n, _) in pairs) / sum(s for _, (_, s) in pairs)
+    assert out["speedup"] == pytest.approx(rate_m / rate_b)
+    assert out["matched_keys"] == len(pairs)
+    assert 0 < out["speedup_ci_low"] <= out["speedup_ci_high"]
+
+
+@FAST
+@given(paired_runs)
+def test_a_method_against_itself_is_exactly_one_with_a_zero_width_interval(pairs):
+    mine, _ = as_records(pairs)
+    same = [record("b", r.example_id, r.new_tokens, r.total_s) for r in mine]
+    out = metrics.speedup(mine, same, resamples=100)
+    assert out["speedup"] == pytest.approx(1.0)
+    assert out["speedup_ci_low"] == pytest.approx(1.0)
+    assert out["speedup_ci_high"] == pytest.approx(1.0)
+
+
+@FAST
+@given(paired_runs, st.floats(0.1, 10.0))
+def test_making_the_method_k_times_faster_scales_speedup_and_interval_by_k(pairs, k):
+    mine, base = as_records(pairs)
+    faster = [record("m", r.example_id, r.new_tokens, r.total_s / k) for r in mine]
+    before = metrics.speedup(mine, base, resamples=100)
+    after = metrics.speedup(faster, base, resamples=100)
+    for name in ("speedup", "speedup_ci_low", "speedup_ci_high"):
+        assert after[name] == pytest.approx(before[name] * k, rel=1e-9)
+
+
+@FAST
+@given(paired_runs, st.randoms(use_true_random=False))
+def test_speedup_and_interval_ignore_record_order_and_unmatched_keys(pairs, rng):
+    mine, base = as_records(pairs)
+    reference = metrics.speedup(mine, base, resamples=100)
+    shuffled_mine, shuffled_base = list(mine), list(base)
+    rng.shuffle(shuffled_mine)
+    rng.shuffle(shuffled_base)
+    extra = [record("b", "only-in-baseline", 7, 0.5), record("m", "only-in-method", 9, 0.1)]
+    out = metrics.speedup(shuffled_mine + extra[1:], shuffled_base + extra[:1], resamples=100)
+    assert out == reference
+
+
+@FAST
+@given(paired_runs)
+def test_speedup_of_a_over_b_is_the_inverse_of_b_over_a(pairs):
+    mine, base = as_records(pairs)
+    forward = metrics.speedup(mine, base, resamples=100)
+    backward = metrics.speedup([record("m", r.example_id, r.new_tokens, r.total_s) for r in base],
+                               [record("b", r.example_id, r.new_tokens, r.total_s) for r in mine],
+                               resamples=100)  # fmt: skip
+    assert forward["speedup"] * backward["speedup"] == pytest.approx(1.0)
+
+
+@FAST
+@given(st.lists(generation, min_size=1, max_size=12), st.lists(generation, min_size=1, max_size=12))
+def test_throughput_is_sum_over_sum_never_a_mean_of_rates(a, b):
+    records = [record("m", f"e{i}", n, s) for i, (n, s) in enumerate(a + b)]
+    out = metrics.throughput(records)
+    assert out["tokens_per_s"] == pytest.approx(sum(n for n, _ in a + b) / sum(s for _, s in a + b))
+    assert out["n"] == len(records)
+
+
+# ----------------------------------------------------------------------------- resume merging
+
+
+def run_info(**changes) -> RunInfo:
+    info = RunInfo(target="t", draft="d", dtype="float32", device="cpu", temperature=0.0,
+                   max_new_tokens=32, labels=["ar", "sps"], suite="builtin",
+                   extra={"chat": True, "repeats": 1, "sampling": {"top_p": 1.0}})  # fmt: skip
+    for name, value in changes.items():
+        setattr(info, name, value)
+    return info
+
+
+records_strategy = st.lists(
+    st.tuples(st.sampled_from(["ar", "sps"]), st.integers(0, 30), st.integers(0, 1), generation),
+    max_size=15,
+    unique_by=lambda r: (r[0], r[1], r[2]),
+)
+
+
+@FAST
+@given(records_strategy, st.integers(1, 200))
+def test_resume_keeps_every_complete_record_and_drops_only_a_torn_tail(tmp_path_factory, rows, cut):
+    folder = tmp_path_factory.mktemp("resume")
+    info = run_info()
+    assert prepare_output(folder, info, resume=False) == []
+    written = [record(label, f"e{i}", n, s, turn=turn) for label, i, turn, (n, s) in rows]
+    lines = "".join(r.to_json() + "\n" for r in written)
+    torn = '{"label": "ar", "example_id": "torn", "new_tokens": 3, "tokens": [1, 2'[: max(1, cut % 60)]
+    (folder / RESULTS_FILE).write_text(lines + torn, encoding="utf-8")
+
+    done = prepare_output(folder, info, resume=True)
+    assert [r.to_json() for r in done] == [r.to_json() for r in written]
+    # The file now ends on a complete line, so the next append starts a fresh record.
+    assert [r.to_json() for r in read_records(folder / RESULTS_FILE)] == [r.to_json() for r in written]
+    again = prepare_output(folder, info, resume=True)
+    assert len(again) == len(written)
+
+
+@FAST
+@given(st.sampled_from(RESUME_FIELDS), st.data())
+def test_resume_names_any_changed_setting_and_changes_no_file(tmp_path_factory, name, data):
+    folder = tmp_path_factory.mktemp("refuse")
+    prepare_output(folder, run_info(), resume=False)
+    with (folder / RESULTS_FILE).open("a") as out:
+        out.write(record("ar", "e1", 4, 0.5).to_json() + "\n")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    old = getattr(run_info(), name)
+    new = data.draw(
+        {
+            str: st.text(min_size=1, max_size=8),
+            float: st.floats(0.0, 2.0),
+            int: st.integers(1, 4096),
+            list: st.lists(st.sampled_from(["ar", "sps", "pld", "bild"]), min_size=1, max_size=3),
+        }[type(old)]
+    )
+    assume(new != old)
+    changed = changed_settings(run_info(), run_info(**{name: new}))
+    assert len(changed) == 1 and changed[0].startswith(f"{name} was {old!r}")
+    with pytest.raises(DraftlabError, match=name):
+        prepare_output(folder, run_info(**{name: new}), resume=True)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+# ----------------------------------------------------------------------------- the suite loader
+
+text = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30).filter(str.strip)
+row_strategy = st.fixed_dictionaries(
+    {"category": st.sampled_from(["qa", "rag", "translation", "writing", "math"])},
+    optional={"reference": text},
+).flatmap(
+    lambda base: st.one_of(
+        st.builds(lambda p: {**base, "prompt": p}, text),
+        st.builds(lambda t: {**base, "turns": t}, st.lists(text, min_size=1, max_size=3)),
+    )
+)
+
+
+@FAST
+@given(st.lists(row_strategy, min_size=1, max_size=20), st.booleans())
+def test_any_valid_jsonl_loads_in_order_with_its_turns(rows, with_ids):
+    rows = [{**row, "id": f"q{i}"} if with_ids else row for i, row in enumerate(rows)]
+    examples = parse_jsonl("\n".join(json.dumps(r) for r in rows) + "\n", "suite.jsonl")
+    assert len(examples) == len(rows)
+    for number, (row, example) in enumerate(zip(rows, examples, strict=True), 1):
+        assert example.id == (row["id"] if with_ids else str(number))
+        assert example.turns == tuple(row.get("turns", [row.get("prompt")]))
+        # MT-bench categories are two-turn conversations: Spec-Bench's multi-turn subtask.
+        assert example.subtask == (
+            "multi-turn" if row["category"] in ("writing", "math") else row["category"]
+        )
+        assert example.reference == row.get("reference")
+
+
+@FAST
+@given(st.lists(row_strategy, min_size=1, max_size=20), st.integers(1, 5), st.data())
+def test_select_keeps_order_and_at_most_limit_per_subtask(rows, limit, data):
+    examples = parse_jsonl("\n".join(json.dumps(r) for r in rows), "suite.jsonl")
+    present = sorted({e.subtask for e in examples})
+    wanted = data.draw(st.lists(st.sampled_from(present), min_size=1, unique=True))
+    kept = select(examples, wanted, limit)
+    assert [e for e in examples if e in kept] == kept  # a subsequence, in order
+    for subtask in present:
+        available = sum(e.subtask == subtask for e in examples)
+        expected = min(limit, available) if subtask in wanted else 0
+        assert sum(e.subtask == subtask for e in kept) == expected
+
+
+@FAST
+@given(st.lists(row_strategy, min_size=2, max_size=10), st.data())
+def test_a_duplicate_id_is_named_with_its_line(rows, data):
+    first = data.draw(st.integers(0, len(rows) - 2))
+    second = data.draw(st.integers(first + 1, len(rows) - 1))
+    rows = [{**row, "id": f"q{i}"} for i, row in enumerate(rows)]
+    rows[second]["id"] = rows[first]["id"]
+    with pytest.raises(DraftlabError, match=rf"suite.jsonl:{second + 1}: duplicate id 'q{first}'"):
+        parse_jsonl("\n".join(json.dumps(r) for r in rows), "suite.jsonl")
+
+
+def test_properties_run_on_real_files(tmp_path: Path):
+    """The loader reads what the runner writes: one record survives a round trip bit for bit."""
+    r = record("ar", "e1", 3, 0.25)
+    (tmp_path / RESULTS_FILE).write_text(r.to_json() + "\n")
+    (back,) = read_records(tmp_path / RESULTS_FILE)
+    assert back == r
