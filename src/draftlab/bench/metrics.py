@@ -648,6 +648,107 @@ def add_vs_best_plain(
         )
 
 
+def engine_of(variant: dict) -> str:
+    return str((variant.get("params") or {}).get("engine", "hf"))
+
+
+def engine_summary(
+    records: Sequence[Record], variants: dict[str, dict], baseline_of: Callable
+) -> dict | None:
+    """Which label ran which method on which engine, and how often the engines' plain decodings agree.
+
+    None when one engine made every record. "ar_match" compares each engine's greedy `ar` tokens
+    with the hf engine's on the same keys: information only (kernels differ between engines, and so
+    may near-ties), unlike greedy_match, which compares each method with its own engine's `ar`.
+    """
+    engines = list(dict.fromkeys(engine_of(v) for v in variants.values()))
+    if len(engines) < 2 and engines != ["vllm"]:
+        return None
+    table: dict[str, dict[str, str]] = {}
+    for label, v in variants.items():
+        if baseline_of(label) is None:
+            continue
+        table.setdefault(v["method"], {})[engine_of(v)] = label
+    ar_match = {}
+    plain = table.get("ar", {})
+    reference = {r.key: r.tokens for r in records if r.label == plain.get("hf") and r.temperature == 0}
+    for engine, label in plain.items():
+        if engine == "hf" or not reference:
+            continue
+        pairs = [(r.tokens, reference[r.key]) for r in records if r.label == label and r.key in reference]
+        ar_match[engine] = {"matched": sum(a == b for a, b in pairs), "compared": len(pairs)}
+    return {"engines": engines, "methods": table, "ar_match": ar_match}
+
+
+# ---------------------------------------------------------------- concurrency (bench/concurrency.py)
+
+LEVEL_SEPARATOR = " c="  # a concurrency sweep labels its variants "sps@vllm c=16"
+
+
+def level_label(label: str, level: int) -> str:
+    return f"{label}{LEVEL_SEPARATOR}{level}"
+
+
+def level_summary(records: Sequence[Record], baseline: str) -> dict:
+    """Per method and level: output tok/s, median and p90 time per output token, α, speed-up over
+    the baseline at the same level, and per method the highest level at which it still beats it."""
+    groups: dict[str, dict[int, list[Record]]] = {}
+    for r in records:
+        if LEVEL_SEPARATOR not in r.label:
+            continue
+        label, level = r.label.rsplit(LEVEL_SEPARATOR, 1)
+        groups.setdefault(label, {}).setdefault(int(level), []).append(r)
+    rows: dict[str, dict[int, dict]] = {}
+    for label, levels in groups.items():
+        for level, rs in sorted(levels.items()):
+            tokens = sum(r.new_tokens for r in rs)
+            seconds = sum(r.total_s for r in rs)
+            tpots = sorted(r.params["tpot_s"] for r in rs if r.params.get("tpot_s") is not None)
+            drafted = sum(r.drafted for r in rs)
+            rows.setdefault(label, {})[level] = {
+                "n": len(rs),
+                "tokens_per_s": tokens / seconds if seconds > 0 else None,
+                "tpot_ms_median": statistics.median(tpots) * 1000 if tpots else None,
+                "tpot_ms_p90": _quantile(tpots, 0.9) * 1000 if tpots else None,
+                "acceptance_rate": sum(r.accepted for r in rs) / drafted if drafted else None,
+                "mean_accepted_length": sum(r.new_tokens for r in rs) / max(sum(r.rounds for r in rs), 1),
+                "greedy_match": [
+                    sum(bool(r.greedy_match) for r in rs),
+                    sum(r.greedy_match is not None for r in rs),
+                ],
+            }
+    base = rows.get(baseline, {})
+    for levels in rows.values():
+        for level, m in levels.items():
+            b = base.get(level, {}).get("tokens_per_s")
+            m["speedup"] = m["tokens_per_s"] / b if b and m["tokens_per_s"] is not None else None
+    pays = {}
+    for label, levels in rows.items():
+        if label == baseline:
+            continue
+        measured = [(c, m["speedup"]) for c, m in sorted(levels.items()) if m["speedup"] is not None]
+        # The highest level up to which every level beats the baseline, and the first that does not.
+        up_to, stops = None, None
+        for c, speedup in measured:
+            if speedup > 1:
+                up_to = c
+            else:
+                stops = c
+                break
+        pays[label] = {"beats_up_to": up_to, "stops_at": stops}
+    return {"baseline": baseline, "levels": rows, "pays": pays}
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    low = int(pos)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
 def summarize(
     records: Sequence[Record],
     run: RunInfo,
@@ -707,6 +808,16 @@ def summarize(
         "overall": overall,
         "subtasks": per_subtask,
         "sweeps": sweeps(records, run, overall, variants, resamples=resamples, seed=seed),
+        "engines": (
+            None
+            if run.extra.get("concurrency_baseline")
+            else engine_summary(records, variants, lambda label: baseline_label(run, label))
+        ),
+        "concurrency": (
+            level_summary(records, run.extra["concurrency_baseline"])
+            if run.extra.get("concurrency_baseline")
+            else None
+        ),
         "unmatched": unmatched,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": CI_LEVEL},
     }

@@ -19,6 +19,7 @@ SPEEDUP_PNG = "speedup_by_subtask.png"
 ACCEPTANCE_PNG = "acceptance_vs_gamma.png"
 DRAFT_SIZE_PNG = "tokens_per_s_vs_draft_size.png"
 TREE_BUDGET_PNG = "speedup_vs_tree_budget.png"
+CONCURRENCY_PNG = "speedup_vs_concurrency.png"
 PLOT_FILES = (SPEEDUP_PNG, ACCEPTANCE_PNG, DRAFT_SIZE_PNG)
 
 
@@ -249,6 +250,27 @@ def plot_speedup_vs_tree_budget(summary: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_speedup_vs_concurrency(summary: dict, path: Path) -> Path:
+    """Speed-up over the baseline at the same concurrency, per method (and the cost-curve prediction)."""
+    data = summary["concurrency"]
+    fig = _figure(7.0, 4.6)
+    ax = fig.add_subplot(1, 1, 1)
+    for label, levels in data["levels"].items():
+        if label == data["baseline"]:
+            continue
+        points = [(int(c), m["speedup"]) for c, m in levels.items() if m["speedup"]]
+        _plot_series(ax, sorted(points), label=label, linewidth=2)
+    for label, predicted in (data.get("predicted") or {}).items():
+        ax.axhline(predicted, linestyle=":", linewidth=1, label=f"{label}: hf cost-curve prediction")
+    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel(f"output tok/s over {data['baseline']}")
+    ax.set_title("speculation under load")
+    _legend(ax, len(data["levels"]))
+    return _save(fig, path)
+
+
 def write_plots(summary: dict, directory: Path) -> list[Path]:
     """Write the PNGs into `directory` (three always, more for the sweeps that need them)."""
     directory = Path(directory)
@@ -259,4 +281,6 @@ def write_plots(summary: dict, directory: Path) -> list[Path]:
     ]
     if "tree_budget" in summary["sweeps"]:
         paths.append(plot_speedup_vs_tree_budget(summary, directory / TREE_BUDGET_PNG))
+    if summary.get("concurrency"):
+        paths.append(plot_speedup_vs_concurrency(summary, directory / CONCURRENCY_PNG))
     return paths

@@ -63,6 +63,9 @@ class BenchPlan:
     repeats: int = 1
     warmup: int = 1
     baselines: dict[str, str] = field(default_factory=dict)  # label -> the label it is compared with
+    # Examples per block: 1 alternates the variants per example (A B C, A B C, ...); more runs each
+    # variant over a block of examples in turn (for engines that hold one model per variant).
+    block: int = 1
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -163,7 +166,7 @@ def run_bench(
             if variant.sampling.greedy and reference is not None and baseline != variant.label:
                 greedy_match = result.tokens == reference
             baseline_tokens[(variant.label, key)] = result.tokens
-            record = _record(variant, example, turn, repeat, result, greedy_match)
+            record = to_record(variant, example, turn, repeat, result, greedy_match)
             out.write(record.to_json() + "\n")
             out.flush()
             os.fsync(out.fileno())
@@ -197,13 +200,21 @@ def check_contexts(
 
 
 def _jobs(plan: BenchPlan) -> Iterator[tuple[Variant, str, int, int]]:
-    # Baselines run first within each example so that greedy matches can be checked at once.
+    # Baselines run first within each example (block) so that greedy matches can be checked at once.
     order = sorted(plan.variants, key=lambda v: v.label not in plan.baselines.values())
-    for example in plan.examples:
-        for repeat in range(plan.repeats):
-            for turn in range(len(example.turns)):
-                for variant in order:
-                    yield variant, example.id, turn, repeat
+    if plan.block <= 1:
+        for example in plan.examples:
+            for repeat in range(plan.repeats):
+                for turn in range(len(example.turns)):
+                    for variant in order:
+                        yield variant, example.id, turn, repeat
+        return
+    for start in range(0, len(plan.examples), plan.block):
+        for variant in order:
+            for example in plan.examples[start : start + plan.block]:
+                for repeat in range(plan.repeats):
+                    for turn in range(len(example.turns)):
+                        yield variant, example.id, turn, repeat
 
 
 def _prompt_ids(
@@ -245,7 +256,7 @@ def _warm_up(plan: BenchPlan) -> None:
             variant.decoder.generate(ids, min(plan.max_new_tokens, 16), variant.sampling)
 
 
-def _record(
+def to_record(
     variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None
 ) -> Record:
     s = result.stats

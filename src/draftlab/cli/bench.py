@@ -15,6 +15,17 @@ from draftlab.cli.common import (
     load_spec,
     sampling_from,
 )
+from draftlab.cli.engines import (
+    VLLM_SUFFIX,
+    add_engine_args,
+    check_engine_args,
+    check_methods,
+    closing,
+    engines_of,
+    load_shells,
+    vllm_dtype,
+    vllm_variants,
+)
 from draftlab.cli.run_setup import (
     add_run_command_args,
     execute,
@@ -39,26 +50,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also run ar in these dtypes (comma-separated), so that 'vs best ar' compares with the "
         "fastest plain decoding here: supported (default: every dtype the device supports) or none",
     )
+    add_engine_args(p)
     add_run_command_args(p, run, lambda args: "bench")
 
 
 def run(args: argparse.Namespace) -> int:
+    engines = engines_of(args)
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)
     if "ar" not in methods:
         methods.insert(0, "ar")  # speed-ups are always measured against our own AR baseline
+    check_methods(methods, engines)
+    check_engine_args(args, engines)
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
     examples = suite_examples(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
-    target, draft = load_pair(args, needs_draft)
+    hf = "hf" in engines
+    target, draft = load_pair(args, needs_draft) if hf else load_shells(args, needs_draft)
     for config in configs.values():
         check_fits(config, target)
     # Before profiling: a draft too short for these prompts is refused now, not mid-run.
     check_contexts(
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
+    variants = hf_variants(args, configs, target, draft, sampling) if hf else []
+    baselines = {v.label: "ar" for v in variants}
+    pool = None
+    extra: dict = {"engines": engines}
+    if "vllm" in engines:
+        dtype = vllm_dtype(args, target, hf)
+        more, pool = vllm_variants(
+            args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
+        )
+        variants += more
+        baselines.update({v.label: "ar" + VLLM_SUFFIX for v in more})
+        extra["vllm"] = {**pool.args.record(), "alive": args.vllm_alive or len(more)}
+        extra["interleaving"] = (
+            "per example"
+            if not args.vllm_alive or args.vllm_alive >= len(more)
+            else f"blocks of {args.vllm_block}"
+        )
+    block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
+    with closing(pool):
+        return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
+
+
+def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
+    """Our own loop: every method, plus ar in the other dtypes for "vs best ar"."""
     adaptive = any(c.adaptive for c in configs.values())
     cost = cost_model(args, target, draft) if adaptive else None
     others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]
@@ -66,16 +106,16 @@ def run(args: argparse.Namespace) -> int:
     routed = adaptive and (args.target_dtype or args.dtype) == "auto"
     alternatives = [(o, cost_model(args, o, draft)) for o in others] if routed else []
     variants = []
-    for m in methods:
-        params = variant_params(args, configs[m])
-        routes = alternatives if configs[m].adaptive else []
+    for m, config in configs.items():
+        params = variant_params(args, config)
+        routes = alternatives if config.adaptive else []
         if routes:
             params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
-        variants.append(Variant(m, configs[m], target, draft, sampling, params, cost, routes))
+        variants.append(Variant(m, config, target, draft, sampling, params, cost, routes))
     for other in others:
         params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
         variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
-    return execute(args, "bench", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+    return variants
 
 
 def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:

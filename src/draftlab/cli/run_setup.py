@@ -16,6 +16,7 @@ import transformers
 from rich.console import Console
 
 from draftlab import __version__
+from draftlab.bench.concurrency import ConcurrencyPlan, run_concurrency
 from draftlab.bench.records import RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
@@ -161,8 +162,19 @@ def execute(
     draft: LoadedModel | None,
     examples,
     extra: dict | None = None,
+    block: int = 1,
+    levels: list[int] | None = None,
 ) -> int:
+    """Run the variants (with `levels`: a concurrency sweep) into --out, then print the report."""
     out = Path(args.out)  # set and held by claimed_out
+    concurrency = None
+    if levels:
+        baseline = next(v.label for v in variants if v.config.method == "ar")
+        concurrency = ConcurrencyPlan(
+            variants, examples, levels, args.max_new_tokens, chat=not args.no_chat, baseline=baseline
+        )
+        baselines = concurrency.baselines()
+        extra = {**(extra or {}), "concurrency_baseline": baseline}
     plan = BenchPlan(
         variants,
         examples,
@@ -171,6 +183,7 @@ def execute(
         repeats=args.repeats,
         warmup=args.warmup,
         baselines=baselines,
+        block=block,
     )
     info = RunInfo(
         target=target.spec.name,
@@ -180,7 +193,7 @@ def execute(
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
         baseline="ar" if "ar" in baselines.values() else next(iter(baselines.values())),
-        labels=[v.label for v in variants],
+        labels=concurrency.labels() if concurrency else [v.label for v in variants],
         suite=args.suite,
         extra={
             "kind": kind,
@@ -211,6 +224,9 @@ def execute(
     Console(stderr=True, quiet=args.quiet).print(
         f"[bold]draftlab {kind}[/] → {out}  ({len(examples)} examples, {len(variants)} variants)"
     )
-    run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
+    if concurrency is not None:
+        run_concurrency(concurrency, out, info, resume=args.resume, quiet=args.quiet)
+    else:
+        run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
     render(out, report_console(False), per_example=args.per_example)
     return 0

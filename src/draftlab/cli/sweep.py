@@ -16,6 +16,16 @@ from draftlab.cli.common import (
     sampling_from,
     threshold,
 )
+from draftlab.cli.engines import (
+    add_engine_args,
+    check_engine_args,
+    check_methods,
+    closing,
+    engines_of,
+    load_shells,
+    vllm_dtype,
+    vllm_variants,
+)
 from draftlab.cli.run_setup import (
     add_run_command_args,
     execute,
@@ -27,7 +37,7 @@ from draftlab.decode.methods import check_fits, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
-KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing", "tree")
+KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing", "tree", "concurrency")
 TREE_METHODS = "pld-tree,sps-tree,hybrid,suffix"
 
 
@@ -51,6 +61,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budgets", default="4,8,16,32,64", help="tree: fixed node budgets per round")
     p.add_argument("--tree-methods", default=TREE_METHODS, help="tree: the tree methods to sweep")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
+    p.add_argument("--concurrency", default="1,4,16,64", help="concurrency: requests submitted at once")
+    p.add_argument("--methods", default="ar,pld,sps", help="concurrency: the methods (ar is always run)")
+    add_engine_args(p)
     add_run_command_args(p, run, lambda args: "ablation" if args.kind == "ablation" else f"sweep-{args.kind}")
 
 
@@ -59,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):
         args.fixed_k = True
+    if args.kind != "concurrency" and (args.engine != "hf" or args.engines):
+        raise DraftlabError(
+            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes --engine)"
+        )
     examples = suite_examples(args)
     sampling = sampling_from(args)
     base = decoder_config(args, "ar")
@@ -132,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         return _sizing(args, examples, sampling)
     if args.kind == "tree":
         return _tree(args, examples, sampling)
+    if args.kind == "concurrency":
+        return _concurrency(args, examples, sampling)
     return _ablation(args, examples, sampling)
 
 
@@ -181,6 +200,36 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     return execute(
         args, "sweep-tree", variants, {v.label: "ar" for v in variants}, target, draft, examples, extra
     )
+
+
+def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+    """Each method with 1, 4, 16, ... requests submitted at once, through a batching engine."""
+    engines = engines_of(args)
+    if engines != ["vllm"]:
+        raise DraftlabError(
+            "sweep concurrency needs --engine vllm: the hf engine decodes one request at a time"
+        )
+    levels = parse_list(args.concurrency, int, "concurrency")
+    for level in levels:
+        if level < 1:
+            raise DraftlabError(f"concurrency must be >= 1, got {level}")
+    methods = parse_list(args.methods, str, "method")
+    for m in methods:
+        method_spec(m)
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+    check_methods(methods, engines)
+    check_engine_args(args, engines)
+    configs = {m: decoder_config(args, m) for m in methods}
+    need_draft = any(c.needs_draft for c in configs.values())
+    target, draft = load_shells(args, need_draft)
+    dtype = vllm_dtype(args, target, hf_ran=False)
+    variants, pool = vllm_variants(
+        args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
+    )
+    extra = {"engines": engines, "vllm": pool.args.record(), "levels": levels}
+    with closing(pool):
+        return execute(args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels)
 
 
 def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:

@@ -114,6 +114,13 @@ class MethodSpec:
     draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
     seed_name: str = ""  # the name the seed reports used ("AS", "SPS", ...)
     tree: bool = False  # proposes token trees (decoder-only targets)
+    # The vllm engine's counterpart: None (none), "" (plain decoding) or its speculative method.
+    vllm: str | None = None
+    hf: bool = True  # False: runs on the vllm engine only (a trained head that vLLM loads)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return (*(("hf",) if self.hf else ()), *(("vllm",) if self.vllm is not None else ()))
 
     def __post_init__(self) -> None:
         for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
@@ -290,6 +297,11 @@ def _build_bild(config, target, draft, cost):
     )
 
 
+def _vllm_only(config, target, draft, cost):
+    """a trained speculator head, loaded by vLLM (--engine vllm --speculator FOLDER)"""
+    raise DraftlabError(f"method '{config.method}' runs on the vllm engine only (--engine vllm)")
+
+
 def _build_hf_greedy(config, target, draft, cost):
     """Hugging Face generate()"""
     from draftlab.decode.hf import HFGenerateDecoder
@@ -307,34 +319,43 @@ def _build_hf_assisted(config, target, draft, cost):
 # The methods, one row each: name, the seed reports' name, builder (its docstring is the summary),
 # flags (draft: needs a draft model; plain: a baseline, one target token per pass; sized: rounds
 # sized from the cost curve; tree: token trees; lossy: not lossless by design; external: another
-# library's decoder, not our loop), and the settings it reads, the first reported as γ.
+# library's decoder, not our loop), the settings it reads (the first reported as γ), and its
+# vllm engine counterpart (None: none; "": plain decoding; else vLLM's speculative method).
 _TABLE = (
-    ("ar", "AS", _build_ar, "plain", ()),
-    ("sps", "SPS", _build_sps, "draft sized", ("gamma", "draft_confidence")),
+    ("ar", "AS", _build_ar, "plain", (), ""),
+    ("sps", "SPS", _build_sps, "draft sized", ("gamma", "draft_confidence"), "draft_model"),
     (
         "bild",
         "BiLD",
         _build_bild,
         "draft lossy",
         ("max_small_steps", "fallback_threshold", "rollback_threshold"),
+        None,
     ),
-    ("pld", "PLD", _build_pld, "sized", ("pld_tokens", "max_ngram")),
-    ("pld-tree", "PLD-Tree", _build_pld_tree, "sized tree", ("pld_tokens", "max_ngram")),
-    ("sps-tree", "SPS-Tree", _build_sps_tree, "draft sized tree", ("gamma", "tree_width")),
+    ("pld", "PLD", _build_pld, "sized", ("pld_tokens", "max_ngram"), "ngram"),
+    ("pld-tree", "PLD-Tree", _build_pld_tree, "sized tree", ("pld_tokens", "max_ngram"), None),
+    ("sps-tree", "SPS-Tree", _build_sps_tree, "draft sized tree", ("gamma", "tree_width"), None),
     (
         "hybrid",
         "Hybrid",
         _build_hybrid,
         "draft sized tree",
         ("gamma", "tree_width", "pld_tokens", "max_ngram"),
+        None,
     ),
-    ("suffix", "Suffix", _build_suffix, "sized tree", ("pld_tokens",)),
-    ("hf-greedy", "HF", _build_hf_greedy, "plain external", ()),
-    ("hf-assisted", "HF-AG", _build_hf_assisted, "draft external", ("gamma", "draft_confidence")),
+    ("suffix", "Suffix", _build_suffix, "sized tree", ("pld_tokens",), "suffix"),
+    ("hf-greedy", "HF", _build_hf_greedy, "plain external", (), None),
+    ("hf-assisted", "HF-AG", _build_hf_assisted, "draft external", ("gamma", "draft_confidence"), None),
+    # Trained heads that vLLM loads from --speculator: nothing of ours to run them with.
+    ("eagle", "EAGLE", _vllm_only, "external", ("gamma",), "eagle"),
+    ("eagle3", "EAGLE-3", _vllm_only, "external", ("gamma",), "eagle3"),
+    ("mtp", "MTP", _vllm_only, "external", ("gamma",), "mtp"),
 )
 
 
-def _spec(name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...]) -> MethodSpec:
+def _spec(
+    name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...], vllm: str | None
+) -> MethodSpec:
     unknown = set(flags.split()) - {"draft", "plain", "sized", "tree", "lossy", "external"}
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
@@ -351,6 +372,8 @@ def _spec(name: str, seed: str, build: Builder, flags: str, params: tuple[str, .
         tree="tree" in flags,
         lossless="lossy" not in flags,
         external="external" in flags,
+        vllm=vllm,
+        hf=build is not _vllm_only,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -95,7 +97,9 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()
 
 
-def load_model(spec: ModelSpec) -> LoadedModel:
+def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
+    """`weights=False` builds the model on the meta device: its config, tokenizer, end tokens and
+    parameter count without its memory, for runs where another engine (vLLM) holds the weights."""
     path = resolve_path(spec.name)
     if _looks_like_path(path) and not Path(path).expanduser().exists():
         raise DraftlabError(f"model '{spec.name}' not found: no such folder")
@@ -122,6 +126,12 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         kwargs["attn_implementation"] = spec.attn_implementation
     if spec.device == "auto":
         kwargs["device_map"] = "auto"
+    if not weights:
+        with torch.device("meta"):
+            model = auto_class.from_config(config, dtype=DTYPES[spec.dtype])
+        with contextlib.suppress(OSError, ValueError):
+            model.generation_config = GenerationConfig.from_pretrained(path)
+        return LoadedModel(model.eval(), tokenizer, spec, path, _eos_ids(model, tokenizer))
     try:
         model = auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:

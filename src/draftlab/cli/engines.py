@@ -1,0 +1,158 @@
+"""`--engine` / `--engines` and the vLLM engine's arguments, shared by `bench` and `sweep`."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+
+from draftlab.bench.runner import Variant
+from draftlab.cli.common import model_names
+from draftlab.decode.methods import DecoderConfig, method_spec
+from draftlab.engines import ENGINES
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model
+from draftlab.sampling import SamplingParams
+
+VLLM_SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engines")
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="hf",
+        help="hf: draftlab's own decode loop (default); vllm: the same methods through vLLM",
+    )
+    g.add_argument("--engines", default=None, help="several engines in one run, e.g. hf,vllm")
+    g.add_argument("--speculator", default=None, help="vllm: the folder of an eagle, eagle3 or mtp head")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per pipeline stage")
+    g.add_argument("--pipeline-parallel-size", type=int, default=1, help="vllm: pipeline stages (nodes)")
+    g.add_argument(
+        "--distributed-executor-backend",
+        default=None,
+        help="vllm: mp (one machine) or ray (a Ray cluster); default: vLLM's choice",
+    )
+    g.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="vllm: any other LLM argument, VALUE parsed as JSON (repeatable), e.g. max_model_len=2048; "
+        "speculative_config={...} is merged into each method's own",
+    )
+    g.add_argument(
+        "--vllm-alive",
+        type=int,
+        default=0,
+        help="vllm: LLMs (one per method) kept alive at once; 0 (default): all, alternating per "
+        "example; fewer: blocks of --vllm-block examples per method in turn (A B A B ...)",
+    )
+    g.add_argument("--vllm-block", type=int, default=4, help="vllm: examples per block when rotating")
+
+
+def engines_of(args: argparse.Namespace) -> list[str]:
+    names = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else [args.engine]
+    for name in names:
+        if name not in ENGINES:
+            raise DraftlabError(f"unknown engine '{name}' (choose from {', '.join(ENGINES)})")
+    if not names:
+        raise DraftlabError("empty --engines list")
+    return list(dict.fromkeys(names))
+
+
+def check_methods(methods: list[str], engines: list[str]) -> None:
+    """A method an engine lacks is refused before anything loads."""
+    for engine in engines:
+        for method in methods:
+            if engine not in method_spec(method).engines:
+                on = ", ".join(method_spec(method).engines)
+                raise DraftlabError(
+                    f"method '{method}' is not available on engine {engine} (it runs on: {on})"
+                )
+
+
+def engine_args(args: argparse.Namespace):
+    from draftlab.engines.vllm import EngineArgs, parse_engine_arg
+
+    extra = dict(parse_engine_arg(text) for text in args.vllm_arg)
+    return EngineArgs(
+        args.tensor_parallel_size, args.pipeline_parallel_size, args.distributed_executor_backend, extra
+    )
+
+
+def check_engine_args(args: argparse.Namespace, engines: list[str]) -> None:
+    """Engine arguments are checked before anything loads, whichever engines run."""
+    engine_args(args)
+    if args.vllm_alive < 0:
+        raise DraftlabError(f"--vllm-alive must be >= 0, got {args.vllm_alive}")
+    if args.vllm_block < 1:
+        raise DraftlabError(f"--vllm-block must be >= 1, got {args.vllm_block}")
+    if "vllm" in engines:
+        from draftlab.engines.vllm import import_vllm
+
+        import_vllm()
+
+
+def load_shells(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel, LoadedModel | None]:
+    """Target and draft without their weights (tokenizer, config, end tokens): vLLM holds the weights."""
+    target_name, draft_name = model_names(args, need_draft)
+    if need_draft and draft_name is None:
+        raise DraftlabError("this method needs a draft model: pass --draft")
+    dtype = args.target_dtype or (args.dtype if args.dtype != "auto" else "float32")
+    target = load_model(ModelSpec(target_name, dtype), weights=False)
+    draft = None
+    if draft_name is not None:
+        draft = load_model(ModelSpec(draft_name, args.draft_dtype or dtype), weights=False)
+        check_compatible(target, draft)
+    return target, draft
+
+
+def vllm_dtype(args: argparse.Namespace, target: LoadedModel, hf_ran: bool) -> str:
+    """The hf engine's dtype when it runs too (the same arithmetic on both), else --dtype or vLLM's auto."""
+    if hf_ran or (args.target_dtype or args.dtype) != "auto":
+        return target.spec.dtype
+    return "auto"
+
+
+def vllm_variants(
+    args: argparse.Namespace,
+    configs: dict[str, DecoderConfig],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sampling: SamplingParams,
+    params_of,
+    dtype: str,
+):
+    """One variant per method, each with its own `LLM` from one pool; and the pool (to close)."""
+    from draftlab.engines.vllm import EnginePool, VllmDecoder
+
+    warm = target.tokenizer("Hello, how are you?")["input_ids"]
+    pool = EnginePool(target.path, target.path, dtype, args.seed, engine_args(args), args.vllm_alive, warm)
+    variants = []
+    for method, config in configs.items():
+        decoder = VllmDecoder(
+            pool,
+            config,
+            target.tokenizer,
+            sorted(target.eos_token_ids),
+            draft.path if (draft is not None and config.needs_draft) else None,
+            args.speculator,
+        )
+        params = {**params_of(config), "engine": "vllm", "vllm": pool.args.record(), "vllm_dtype": dtype}
+        if decoder.speculative is not None:
+            params["speculative_config"] = decoder.speculative
+        uses_draft = draft if config.needs_draft else None
+        variants.append(
+            Variant(method + VLLM_SUFFIX, config, target, uses_draft, sampling, params, _decoder=decoder)
+        )
+    return variants, pool
+
+
+@contextmanager
+def closing(pool):
+    try:
+        yield pool
+    finally:
+        if pool is not None:
+            pool.close()

@@ -1,0 +1,8 @@
+"""Engines: what decodes a generation. They sit beside `decode`, below `bench`.
+
+`hf` is draftlab's own loop (decode/). `vllm` runs the same methods through vLLM's offline
+`LLM` API (engines/vllm.py). Both return a `Generation` with `GenerationStats`, so the runner and
+the reports never ask which engine made a record; the engine is one of the variant's settings.
+"""
+
+ENGINES = ("hf", "vllm")
