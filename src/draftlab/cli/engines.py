@@ -146,6 +146,14 @@ def vllm_variants(
         variants.append(
             Variant(method + VLLM_SUFFIX, config, target, uses_draft, sampling, params, _decoder=decoder)
         )
+    # Build the LLMs that stay alive now, so that a bad engine argument stops the run before it writes.
+    alive = variants if not pool.max_alive else variants[: pool.max_alive]
+    try:
+        for variant in alive:
+            variant.decoder.llm  # noqa: B018 - builds it
+    except BaseException:
+        pool.close()
+        raise
     return variants, pool
 
 

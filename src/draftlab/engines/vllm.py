@@ -12,6 +12,7 @@ vLLM is imported only when this engine runs: `draftlab` itself never needs it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ VLLM_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.vllm is not
 
 def import_vllm():
     """vLLM, or a one-line error that names the install command."""
+    # vLLM logs every step of its start-up at INFO; our progress bar and report say what matters.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm  # noqa: PLC0415 - optional, heavy, and it starts processes
     except ImportError as exc:
@@ -225,6 +228,20 @@ def _request_spec_detail(output) -> dict:
     return metrics.to_dict() if metrics is not None else {}
 
 
+def _reason(exc: BaseException) -> str:
+    """One line naming the bad argument: pydantic's first error (vLLM's configs are pydantic), else
+    the exception's first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            return f"{where}: {first.get('msg', '')} (got {first.get('input')!r})"
+        except (TypeError, IndexError, AttributeError):
+            pass
+    return first_line(exc)
+
+
 class EnginePool:
     """One `vllm.LLM` per method, built on first use; at most `max_alive` at once (oldest shut down)."""
 
@@ -259,8 +276,7 @@ class EnginePool:
         try:
             llm = vllm.LLM(model=self.model, tokenizer=self.tokenizer, **kwargs)
         except (TypeError, ValueError) as exc:
-            # A bad engine argument: vLLM says which in its first line.
-            raise DraftlabError(f"vllm refused the engine arguments for '{key}': {first_line(exc)}") from None
+            raise DraftlabError(f"vllm refused the engine arguments for '{key}': {_reason(exc)}") from None
         self.load_s[key] = time.perf_counter() - t0
         self.alive[key] = llm
         parallel = llm.llm_engine.vllm_config.parallel_config

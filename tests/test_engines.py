@@ -1,0 +1,114 @@
+"""Engine choice, engine arguments and refusals: all before anything loads (no vLLM needed).
+
+The vllm engine itself runs in test_vllm.py, against a real vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from draftlab.cli import main
+from draftlab.decode.methods import REGISTRY, DecoderConfig
+from draftlab.engines.vllm import VLLM_METHODS, EngineArgs, parse_engine_arg, speculative_config
+from draftlab.errors import DraftlabError
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def run_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_our_methods_map_onto_vllms_speculative_config():
+    config = DecoderConfig(method="pld", pld_tokens=7, max_ngram=5)
+    assert speculative_config(config, None, None) == {
+        "method": "ngram",
+        "num_speculative_tokens": 7,
+        "prompt_lookup_max": 5,
+        "prompt_lookup_min": 1,
+    }
+    sps = speculative_config(DecoderConfig(method="sps", gamma=3), "/drafts/d", None)
+    assert sps == {"method": "draft_model", "model": "/drafts/d", "num_speculative_tokens": 3}
+    assert speculative_config(DecoderConfig(method="ar"), None, None) is None
+    eagle = speculative_config(DecoderConfig(method="eagle3", gamma=5), None, "/heads/e3")
+    assert eagle == {"method": "eagle3", "num_speculative_tokens": 5, "model": "/heads/e3"}
+    merged = speculative_config(config, None, None, {"prompt_lookup_min": 2})
+    assert merged["prompt_lookup_min"] == 2 and merged["prompt_lookup_max"] == 5
+    with pytest.raises(DraftlabError, match="--speculator"):
+        speculative_config(DecoderConfig(method="eagle"), None, None)
+    with pytest.raises(DraftlabError, match="--draft"):
+        speculative_config(DecoderConfig(method="sps"), None, None)
+    with pytest.raises(DraftlabError, match="no vllm counterpart"):
+        speculative_config(DecoderConfig(method="bild"), None, None)
+
+
+def test_the_registry_says_which_engine_runs_what():
+    assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle3", "mtp"}
+    assert REGISTRY["eagle"].engines == ("vllm",)
+    assert REGISTRY["bild"].engines == ("hf",)
+    assert REGISTRY["sps"].engines == ("hf", "vllm")
+
+
+def test_engine_arguments_parse_as_json_and_are_checked():
+    assert parse_engine_arg("max_model_len=2048") == ("max_model_len", 2048)
+    assert parse_engine_arg("enforce_eager=true") == ("enforce_eager", True)
+    assert parse_engine_arg('speculative_config={"prompt_lookup_min": 2}') == (
+        "speculative_config",
+        {"prompt_lookup_min": 2},
+    )
+    assert parse_engine_arg("quantization=fp8") == ("quantization", "fp8")  # a bare word stays text
+    for bad in ("max_model_len", "=3", "a b=1"):
+        with pytest.raises(DraftlabError, match="KEY=VALUE"):
+            parse_engine_arg(bad)
+    kwargs = EngineArgs(2, 3, "ray", {"max_model_len": 512}).kwargs("bfloat16", 7)
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["pipeline_parallel_size"] == 3
+    assert kwargs["distributed_executor_backend"] == "ray" and kwargs["max_model_len"] == 512
+    assert kwargs["enable_prefix_caching"] is False and kwargs["disable_log_stats"] is False
+    with pytest.raises(DraftlabError, match="--tensor-parallel-size must be >= 1, got 0"):
+        EngineArgs(tensor_parallel_size=0)
+    with pytest.raises(DraftlabError, match="'slurm'"):
+        EngineArgs(distributed_executor_backend="slurm")
+
+
+BENCH = ["bench", "--subtasks", "qa", "--limit", "1", "--quiet"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--engine", "vllm", "--methods", "bild"], "method 'bild' is not available on engine vllm"),
+        (
+            ["--engines", "hf,vllm", "--methods", "pld-tree"],
+            "method 'pld-tree' is not available on engine vllm",
+        ),
+        (["--methods", "eagle"], "method 'eagle' is not available on engine hf"),
+        (["--engines", "hf,tgi"], "unknown engine 'tgi'"),
+        (["--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1, got 0"),
+        (["--engine", "vllm", "--distributed-executor-backend", "slurm"], "'slurm'"),
+        (["--engine", "vllm", "--vllm-arg", "max_model_len"], "'max_model_len' is not KEY=VALUE"),
+        (["--engine", "vllm", "--vllm-alive", "-1"], "--vllm-alive must be >= 0, got -1"),
+    ],
+)
+def test_engine_refusals_come_before_anything_loads(tmp_path, capsys, extra, named):
+    out = tmp_path / "out"
+    err = run_error(capsys, [*BENCH, *extra, "--target", str(tmp_path / "no-such-model"), "--out", str(out)])
+    assert named in err  # and not the missing model: nothing was loaded
+    assert not out.exists()
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_without_vllm_the_engine_names_its_install_command(tmp_path, capsys):
+    err = run_error(capsys, [*BENCH, "--engine", "vllm", "--out", str(tmp_path / "out")])
+    assert "pip install" in err and "install-vllm-cpu.sh" in err
+
+
+def test_concurrency_needs_a_batching_engine_and_other_sweeps_need_hf(tmp_path, capsys):
+    err = run_error(capsys, ["sweep", "concurrency", "--quiet", "--out", str(tmp_path / "a")])
+    assert "needs --engine vllm" in err
+    err = run_error(capsys, ["sweep", "gamma", "--engine", "vllm", "--quiet", "--out", str(tmp_path / "b")])
+    assert "hf engine only" in err
