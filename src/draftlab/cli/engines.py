@@ -148,6 +148,7 @@ def vllm_variants(
         )
     # Build the LLMs that stay alive now, so that a bad engine argument stops the run before it writes.
     alive = variants if not pool.max_alive else variants[: pool.max_alive]
+    pool.at_once = len(alive)
     try:
         for variant in alive:
             variant.decoder.llm  # noqa: B018 - builds it

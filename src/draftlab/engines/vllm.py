@@ -261,6 +261,7 @@ class EnginePool:
         self.alive: dict[str, Any] = {}
         self.load_s: dict[str, float] = {}
         self.resolved: dict[str, dict] = {}
+        self.at_once = 1  # LLMs alive together (set by whoever knows how many methods run)
 
     def get(self, key: str, speculative: dict | None):
         if key in self.alive:
@@ -269,6 +270,9 @@ class EnginePool:
         while self.max_alive and len(self.alive) >= self.max_alive:
             self.shutdown(next(iter(self.alive)))
         kwargs = self.args.kwargs(self.dtype, self.seed)
+        if self.at_once > 1:
+            # Each LLM would otherwise claim 90% of a GPU for itself (vLLM's default); they share it.
+            kwargs.setdefault("gpu_memory_utilization", round(0.85 / self.at_once, 3))
         if speculative is not None:
             kwargs["speculative_config"] = speculative
             kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
