@@ -112,3 +112,42 @@ def test_concurrency_needs_a_batching_engine_and_other_sweeps_need_hf(tmp_path, 
     assert "needs --engine vllm" in err
     err = run_error(capsys, ["sweep", "gamma", "--engine", "vllm", "--quiet", "--out", str(tmp_path / "b")])
     assert "hf engine only" in err
+
+
+def test_concurrency_levels_are_batch_throughput_and_say_where_speculation_stops():
+    from test_properties import record
+
+    from draftlab.bench.metrics import level_label, level_summary, predicted_concurrency_speedup
+
+    rows = []
+    # ar: 1 request of 10 tokens in 1 s; 4 requests of 10 tokens in a 2 s batch (shares of 0.5 s).
+    # pld: 10 tokens in 0.5 s alone; at 4 its batch takes 4 s: it stops paying there.
+    for label, level, share, accepted in (
+        ("ar", 1, 1.0, 0),
+        ("ar", 4, 0.5, 0),
+        ("pld", 1, 0.5, 5),
+        ("pld", 4, 1.0, 5),
+    ):
+        for i in range(level):
+            r = record(level_label(label, level), f"e{i}", 10, share)
+            r.drafted, r.accepted, r.rounds = 8 * (label == "pld"), accepted, 10 - accepted
+            r.params = {"tpot_s": 0.01 * (i + 1)}
+            r.greedy_match = True if label == "pld" else None
+            rows.append(r)
+    out = level_summary(rows, "ar")
+    assert out["levels"]["ar"][1]["tokens_per_s"] == pytest.approx(10.0)
+    assert out["levels"]["ar"][4]["tokens_per_s"] == pytest.approx(20.0)  # 40 tokens / 2 s
+    assert out["levels"]["pld"][1]["speedup"] == pytest.approx(2.0)
+    assert out["levels"]["pld"][4]["speedup"] == pytest.approx(0.5)
+    assert out["levels"]["pld"][4]["tpot_ms_median"] == pytest.approx(25.0)
+    assert out["levels"]["pld"][4]["tpot_ms_p90"] == pytest.approx(37.0)
+    assert out["levels"]["pld"][4]["greedy_match"] == [4, 4]
+    assert out["levels"]["pld"][1]["mean_accepted_length"] == pytest.approx(2.0)  # 10 tokens, 5 steps
+    assert out["pays"]["pld"] == {"beats_up_to": 1, "stops_at": 4}
+    # A flat cost curve up to 4 tokens, linear beyond: verification is free at c = 1 and not at 4.
+    curve = {"sizes": [1, 4, 64], "contexts": [0, 512], "ms": [[10, 10, 160], [10, 10, 160]]}
+    predicted_concurrency_speedup(out, curve, None, 100, {"pld": False})
+    verified = out["levels"]["pld"][1]["verified_per_step"]  # 1 + 8 drafted / 5 steps = 2.6
+    assert verified == pytest.approx(2.6)
+    assert out["levels"]["pld"][1]["predicted_speedup"] == pytest.approx(2.0)  # 2 tokens a step, same cost
+    assert out["levels"]["pld"][4]["predicted_speedup"] == pytest.approx(2.0 * 10 / (10 + 150 * 6 / 60))

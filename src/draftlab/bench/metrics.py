@@ -712,6 +712,7 @@ def level_summary(records: Sequence[Record], baseline: str) -> dict:
                 "tpot_ms_p90": _quantile(tpots, 0.9) * 1000 if tpots else None,
                 "acceptance_rate": sum(r.accepted for r in rs) / drafted if drafted else None,
                 "mean_accepted_length": sum(r.new_tokens for r in rs) / max(sum(r.rounds for r in rs), 1),
+                "verified_per_step": 1 + drafted / max(sum(r.rounds for r in rs), 1),
                 "greedy_match": [
                     sum(bool(r.greedy_match) for r in rs),
                     sum(r.greedy_match is not None for r in rs),
@@ -739,6 +740,37 @@ def level_summary(records: Sequence[Record], baseline: str) -> dict:
     return {"baseline": baseline, "levels": rows, "pays": pays}
 
 
+def predicted_concurrency_speedup(
+    summary: dict, target: dict, draft: dict | None, context: int, methods: dict[str, bool]
+) -> None:
+    """Beside each measured level: what the hf engine's cost curves predict for it.
+
+    A batch of c requests is taken as one pass of c tokens (c · (1 + drafted per step) with
+    speculation), the curves being batch-1 passes of n tokens; with the acceptance vLLM measured at
+    that level, speed-up = tokens per step · cost(c) / (cost(c · verified per step) + draft passes).
+    `methods` says which labels draft with the draft model (one draft pass of c tokens per draft token).
+    """
+    from draftlab.models.profile import CostCurve  # noqa: PLC0415 - reports need no torch otherwise
+
+    t_curve = CostCurve(**target)
+    d_curve = CostCurve(**draft) if draft else None
+    rows = summary["levels"]
+    for label, levels in rows.items():
+        if label == summary["baseline"]:
+            continue
+        for level, m in levels.items():
+            c = int(level)
+            per_step = m.get("mean_accepted_length")
+            verified = m.get("verified_per_step")
+            if not per_step or not verified:
+                continue
+            plain = t_curve.forward_ms(c, context)
+            cost = t_curve.forward_ms(round(c * verified), context)
+            if methods.get(label) and d_curve is not None:
+                cost += (verified - 1) * d_curve.forward_ms(c, context)
+            m["predicted_speedup"] = per_step * plain / cost
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     """The q-quantile with linear interpolation between order statistics."""
     if len(sorted_values) == 1:
@@ -747,6 +779,17 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     low = int(pos)
     high = min(low + 1, len(sorted_values) - 1)
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+def _concurrency(records: Sequence[Record], run: RunInfo) -> dict | None:
+    if not run.extra.get("concurrency_baseline"):
+        return None
+    out = level_summary(records, run.extra["concurrency_baseline"])
+    curves = run.extra.get("cost_curves")
+    if curves:
+        drafts = {label: bool(curves.get("draft_labels", {}).get(label)) for label in out["levels"]}
+        predicted_concurrency_speedup(out, curves["target"], curves.get("draft"), curves["context"], drafts)
+    return out
 
 
 def summarize(
@@ -813,11 +856,7 @@ def summarize(
             if run.extra.get("concurrency_baseline")
             else engine_summary(records, variants, lambda label: baseline_label(run, label))
         ),
-        "concurrency": (
-            level_summary(records, run.extra["concurrency_baseline"])
-            if run.extra.get("concurrency_baseline")
-            else None
-        ),
+        "concurrency": _concurrency(records, run),
         "unmatched": unmatched,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": CI_LEVEL},
     }

@@ -259,9 +259,13 @@ def plot_speedup_vs_concurrency(summary: dict, path: Path) -> Path:
         if label == data["baseline"]:
             continue
         points = [(int(c), m["speedup"]) for c, m in levels.items() if m["speedup"]]
-        _plot_series(ax, sorted(points), label=label, linewidth=2)
-    for label, predicted in (data.get("predicted") or {}).items():
-        ax.axhline(predicted, linestyle=":", linewidth=1, label=f"{label}: hf cost-curve prediction")
+        line = _plot_series(ax, sorted(points), label=label, linewidth=2)
+        predicted = [
+            (int(c), m["predicted_speedup"]) for c, m in levels.items() if m.get("predicted_speedup")
+        ]
+        if predicted:
+            color = line.get_color() if line is not None else None
+            _plot_series(ax, sorted(predicted), label=f"{label} (hf cost curve)", linestyle=":", color=color)
     ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent requests")

@@ -390,11 +390,13 @@ def concurrency_table(summary: dict) -> TableData | None:
                     "baseline"
                     if label == data["baseline"]
                     else fmt(m["speedup"]) + ("×" if m["speedup"] else ""),
+                    fmt(m.get("predicted_speedup")) + ("×" if m.get("predicted_speedup") else ""),
                     f"{matched}/{compared}" if compared else "-",
                 ]
             )
     headers = ["method", "concurrency", "requests", "output tok/s", "TPOT ms (median)", "TPOT ms (p90)"]
-    headers += ["α", "mean acc. len", f"speed-up over {data['baseline']}", "greedy match"]
+    headers += ["α", "mean acc. len", f"speed-up over {data['baseline']}", "predicted (hf cost curve)"]
+    headers += ["greedy match"]
     return TableData("Concurrency", headers, rows, "; ".join(concurrency_lines(summary)))
 
 

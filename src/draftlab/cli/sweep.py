@@ -35,6 +35,8 @@ from draftlab.cli.run_setup import (
 )
 from draftlab.decode.methods import check_fits, method_spec
 from draftlab.errors import DraftlabError
+from draftlab.models.profile import find_cached
+from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
 KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing", "tree", "concurrency")
@@ -228,8 +230,27 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
         args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
     )
     extra = {"engines": engines, "vllm": pool.args.record(), "levels": levels}
+    curves = cost_curves(target, draft, pool.dtype, examples, args, variants)
+    if curves:
+        extra["cost_curves"] = curves
     with closing(pool):
         return execute(args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels)
+
+
+def cost_curves(target, draft, dtype: str, examples, args: argparse.Namespace, variants) -> dict | None:
+    """The hf engine's cached cost curves for this pair on this machine, if it measured them
+    (`draftlab profile`): the concurrency report prints their prediction beside vLLM's curve."""
+    target_profile = find_cached(target.spec.name, dtype)
+    if target_profile is None:
+        return None
+    draft_profile = find_cached(draft.spec.name, dtype) if draft is not None else None
+    prompts = [len(encode_prompt(target, e.turns[0], chat=not args.no_chat)) for e in examples]
+    return {
+        "target": dataclasses.asdict(target_profile.curve),
+        "draft": dataclasses.asdict(draft_profile.curve) if draft_profile else None,
+        "context": round(sum(prompts) / len(prompts) + args.max_new_tokens / 2),
+        "draft_labels": {v.label: v.config.needs_draft for v in variants},
+    }
 
 
 def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:

@@ -308,6 +308,22 @@ def profile_path(lm: LoadedModel) -> Path:
     return profile_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}.json"
 
 
+def find_cached(name: str, dtype: str, device: str = "cpu") -> Profile | None:
+    """The newest cached profile of a model in a dtype on this machine's hardware, whatever library
+    versions measured it: for predictions beside another engine, which loads no weights of ours."""
+    want = hardware(device)
+    found: list[Profile] = []
+    for path in profile_dir().glob("*.json"):
+        try:
+            profile = Profile.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        fp = profile.fingerprint
+        if fp.get("model") == name and fp.get("dtype") == dtype and fp.get("hardware") == want:
+            found.append(profile)
+    return max(found, key=lambda p: p.measured_at) if found else None
+
+
 def load_cached(lm: LoadedModel) -> Profile | None:
     """The cached profile for this model on this machine, or None if absent, stale or foreign."""
     path = profile_path(lm)
