@@ -229,7 +229,12 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
     variants, pool = vllm_variants(
         args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
     )
-    extra = {"engines": engines, "vllm": pool.args.record(), "levels": levels}
+    extra = {
+        "engines": engines,
+        "vllm": pool.args.record(),
+        "levels": levels,
+        "interleaving": "methods alternate level by level (one LLM each, all alive)",
+    }
     curves = cost_curves(target, draft, pool.dtype, examples, args, variants)
     if curves:
         extra["cost_curves"] = curves

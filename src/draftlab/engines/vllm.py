@@ -12,6 +12,7 @@ vLLM is imported only when this engine runs: `draftlab` itself never needs it.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -39,8 +40,11 @@ VLLM_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.vllm is not
 
 def import_vllm():
     """vLLM, or a one-line error that names the install command."""
-    # vLLM logs every step of its start-up at INFO; our progress bar and report say what matters.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs every step of its start-up; our progress bar, errors and report say what matters
+    # (VLLM_LOGGING_LEVEL=INFO brings its log back).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # This one is logged before vLLM configures its logging (a CPU build without Triton's CPU backend).
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
     try:
         import vllm  # noqa: PLC0415 - optional, heavy, and it starts processes
     except ImportError as exc:
