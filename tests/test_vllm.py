@@ -42,8 +42,9 @@ def records(folder: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm") / "bench"
-    argv = ["bench", "--engine", "vllm", "--methods", "ar,pld,sps", "--subtasks", "qa,rag,summarization"]
-    argv += ["--limit", "1", *COMMON, "--out", str(out)]
+    # Both engines in one interleaved run (our loop with a fixed k: no cost profile to measure).
+    argv = ["bench", "--engines", "hf,vllm", "--methods", "ar,pld,sps", "--subtasks", "qa,rag,summarization"]
+    argv += ["--limit", "1", "--fixed-k", "--ar-dtypes", "none", *COMMON, "--out", str(out)]
     # The parallel arguments at size 1 reach vLLM unchanged: the records say what it ran with.
     argv += [
         "--tensor-parallel-size",
@@ -62,7 +63,7 @@ def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
     by_label: dict[str, list[dict]] = {}
     for r in rows:
         by_label.setdefault(r["label"], []).append(r)
-    assert set(by_label) == {"ar@vllm", "pld@vllm", "sps@vllm"}
+    assert set(by_label) == {"ar", "pld", "sps", "ar@vllm", "pld@vllm", "sps@vllm"}
     ar = {r["example_id"]: r["tokens"] for r in by_label["ar@vllm"]}
     for label in ("pld@vllm", "sps@vllm"):
         for r in by_label[label]:
@@ -72,7 +73,7 @@ def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
 
 
 def test_counters_are_consistent(bench_run):
-    speculative = [r for r in records(bench_run) if r["label"] != "ar@vllm"]
+    speculative = [r for r in records(bench_run) if r["label"] in ("pld@vllm", "sps@vllm")]
     assert sum(r["drafted"] for r in speculative if r["method"] == "sps") > 0  # the draft drafted
     for r in speculative:
         drafts = r["proposer_info"]["spec_decode_num_drafts"]
@@ -90,10 +91,10 @@ def test_counters_are_consistent(bench_run):
 
 def test_engine_arguments_reach_vllm_and_run_json(bench_run):
     run = json.loads((bench_run / "run.json").read_text())
-    assert run["extra"]["engines"] == ["vllm"]
+    assert run["extra"]["engines"] == ["hf", "vllm"]
     assert run["extra"]["vllm"]["distributed_executor_backend"] == "mp"
     assert run["extra"]["vllm"]["vllm_args"]["max_model_len"] == 1024
-    for r in records(bench_run):
+    for r in (r for r in records(bench_run) if r["label"].endswith("@vllm")):
         info = r["proposer_info"]
         assert (info["tensor_parallel_size"], info["pipeline_parallel_size"]) == (1, 1)
         assert info["distributed_executor_backend"] == "mp"
@@ -101,8 +102,14 @@ def test_engine_arguments_reach_vllm_and_run_json(bench_run):
 
 def test_report_has_the_method_by_engine_table(bench_run):
     summary = json.loads((bench_run / "summary.json").read_text())
-    assert summary["engines"]["methods"]["sps"] == {"vllm": "sps@vllm"}
+    assert summary["engines"]["methods"]["sps"] == {"hf": "sps", "vllm": "sps@vllm"}
     assert summary["overall"]["sps@vllm"]["baseline"] == "ar@vllm"
+    assert summary["overall"]["sps"]["baseline"] == "ar"
+    # "vs best ar" is over the fastest plain decoding of either engine, for every label.
+    best = {m["best_plain"] for m in summary["overall"].values()}
+    assert len(best) == 1 and best <= {"ar", "ar@vllm"}
+    match = summary["engines"]["ar_match"]["vllm"]
+    assert match["compared"] == 3 and 0 <= match["matched"] <= 3
     assert "## Engines" in (bench_run / "report.md").read_text()
 
 
