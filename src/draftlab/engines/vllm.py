@@ -283,8 +283,10 @@ class EnginePool:
         t0 = time.perf_counter()
         try:
             llm = vllm.LLM(model=self.model, tokenizer=self.tokenizer, **kwargs)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
             raise DraftlabError(f"vllm refused the engine arguments for '{key}': {_reason(exc)}") from None
+        except (OSError, RuntimeError) as exc:  # a model it cannot find, an engine that cannot start
+            raise DraftlabError(f"vllm could not start the engine for '{key}': {_reason(exc)}") from None
         self.load_s[key] = time.perf_counter() - t0
         self.alive[key] = llm
         parallel = llm.llm_engine.vllm_config.parallel_config
@@ -303,14 +305,13 @@ class EnginePool:
         return llm
 
     def shutdown(self, key: str) -> None:
+        """Stop one LLM's engine processes now (a later one may need the memory)."""
         llm = self.alive.pop(key, None)
         if llm is None:
             return
-        engine = getattr(llm, "llm_engine", None)
-        for name in ("shutdown",):
-            stop = getattr(engine, name, None) or getattr(llm, name, None)
-            if callable(stop):
-                stop()
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
         del llm
         import gc  # noqa: PLC0415
 
