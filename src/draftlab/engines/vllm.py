@@ -246,6 +246,21 @@ def _reason(exc: BaseException) -> str:
     return first_line(exc)
 
 
+def run_generate(llm, inputs: list, sampling, key: str) -> list:
+    """`LLM.generate`, with a dead engine as one line."""
+    from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+
+    try:
+        return llm.generate(inputs, sampling, use_tqdm=False)
+    except EngineDeadError:
+        # Its engine process wrote the cause to stderr (on a CPU, e.g. an attention head size its
+        # kernels lack: stories260K's head_dim of 8).
+        raise DraftlabError(
+            f"vllm's engine for '{key}' died while generating (the lines above say why; "
+            "VLLM_LOGGING_LEVEL=INFO shows more)"
+        ) from None
+
+
 class EnginePool:
     """One `vllm.LLM` per method, built on first use; at most `max_alive` at once (oldest shut down)."""
 
@@ -301,7 +316,7 @@ class EnginePool:
             self.dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
         if self.warmup_ids:
             warm = vllm.SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
-            llm.generate([{"prompt_token_ids": self.warmup_ids}], warm, use_tqdm=False)
+            run_generate(llm, [{"prompt_token_ids": self.warmup_ids}], warm, key)
         return llm
 
     def shutdown(self, key: str) -> None:
@@ -374,7 +389,7 @@ class VllmDecoder:
         sampling = [self.sampling_params(max_new_tokens, p) for p in params]
         before = read_counters(llm) if self.speculative else {}
         t0 = time.perf_counter()
-        outputs = llm.generate(inputs, sampling, use_tqdm=False)
+        outputs = run_generate(llm, inputs, sampling, self.key)
         wall = time.perf_counter() - t0
         counters = _delta_counters(before, read_counters(llm)) if self.speculative else {}
         results = []
