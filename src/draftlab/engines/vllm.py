@@ -35,6 +35,7 @@ COUNTERS = (
 )
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 BACKENDS = ("mp", "ray")
+CPU_KV_GIB = 2
 VLLM_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.vllm is not None)
 
 
@@ -49,6 +50,12 @@ def import_vllm():
         import vllm  # noqa: PLC0415 - optional, heavy, and it starts processes
     except ImportError as exc:
         raise DraftlabError(f"{INSTALL} ({first_line(exc)})") from None
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    if current_platform.is_cpu():
+        # Unset, each CPU engine reserves most of the machine's memory for its KV cache; one LLM
+        # per method must fit side by side. 2 GiB hold about 46,000 tokens of a 135M model.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_GIB))
     return vllm
 
 
@@ -87,6 +94,7 @@ class EngineArgs:
 
     def record(self) -> dict[str, Any]:
         return {
+            "cpu_kvcache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "distributed_executor_backend": self.distributed_executor_backend,
