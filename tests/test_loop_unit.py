@@ -577,3 +577,151 @@ def test_a_shadow_miss_is_reported_when_the_target_disagrees():
     observes = [e[1:] for e in sizer.log if e[0] == "observe"]
     # Shadow 6 9 10: the target writes 6 (match) then 7 (miss): tried 2, accepted 1.
     assert (2, 1, "n1", False) in observes
+
+
+# --- tree rounds sized by a TreeSizer -------------------------------------------------------------
+
+
+class FakeTreeSizer(TreeSizer):
+    """A TreeSizer's interface with scripted answers; every call is logged with its arguments."""
+
+    def __init__(self, free_drafts=False, wants=None, budget=None):
+        self.free_drafts = free_drafts
+        self.wants = wants  # what wants_draft returns: None (draft) or a plain-step Choice
+        self.budget = budget  # nodes fit() keeps (None: all)
+        self.log: list[tuple] = []
+
+    def start(self):
+        self.log.append(("start",))
+
+    def preview(self, proposal, context):
+        self.log.append(("preview", proposal.tokens, context))
+        return (1.5, 2)
+
+    def wants_draft(self, context, depth, pending, base):
+        self.log.append(("wants_draft", context, depth, pending, base))
+        return self.wants
+
+    def expand_threshold(self, context):
+        return 0.25 + context
+
+    def tree_draft_ms(self, context, pending):
+        self.log.append(("tree_draft_ms", context, pending))
+        return 7.0
+
+    def fit(self, proposal, context, drafted_ms=0.0, draft_passes=0):
+        self.log.append(("fit", list(proposal.tokens), context, drafted_ms, draft_passes))
+        n = len(proposal.tokens) if self.budget is None else self.budget
+        return proposal.select(list(range(n))), Choice(n, 1.0 + n, 3.0, 2.0, False)
+
+    def observe_propose_time(self, ms):
+        self.log.append(("propose_time", ms >= 0))
+
+    def observe_tree(self, proposal, path):
+        self.log.append(("observe_tree", list(proposal.tokens), list(path)))
+
+    def observe_time(self, choice, ms):
+        self.log.append(("time", choice.k))
+
+    def observe(self, *args, **kwargs):  # chains only: trees learn node by node
+        raise AssertionError("a tree round must not call observe()")
+
+
+class SizedTreeProposer(TreeProposer):
+    """A tree proposer with the draft-model flags the loop reads."""
+
+    def __init__(self, draft_passes=False, has_lookup=False):
+        super().__init__()
+        self.draft_passes = draft_passes
+        self.has_lookup = has_lookup
+        self.lookups: list[int] = []
+        self.seen: list[tuple] = []
+
+    def lag(self, sequence):
+        return 3
+
+    def lookup_tree(self, sequence):
+        self.lookups.append(len(sequence))
+        return Proposal([sequence[-1]], parents=[-1])
+
+    def propose(self, sequence, k, params, sampler):
+        self.seen.append((self.use_draft, self.min_value))
+        self.forward_calls += 2
+        return super().propose(sequence, k, params, sampler)
+
+
+def test_a_free_tree_round_is_fitted_by_the_sizer():
+    sizer = FakeTreeSizer(free_drafts=True)
+    proposer = SizedTreeProposer()
+    target = FakeTarget()
+    dec = SpeculativeDecoder(target, proposer, SpeculativeRule(), gamma=3, sizer=sizer)
+    out = dec.generate([5], 3, GREEDY)
+    assert out.tokens == chain(5, 3)
+    # The whole tree of 4 nodes is verified: node 1 then node 2 accepted, then the bonus 8.
+    assert target.fed[0] == [5, 0, 6, 7, 4]
+    assert target.kept_paths == [(1, [1, 2])]
+    assert proposer.calls == [(1, 3)]
+    assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log
+    assert ("propose_time", True) in sizer.log
+    assert ("observe_tree", [0, 6, 7, 4], [1, 2]) in sizer.log
+    assert not any(e[0] in ("wants_draft", "preview", "tree_draft_ms") for e in sizer.log)
+    s = out.stats
+    assert s.k_counts == [0, 0, 0, 0, 1] and s.predicted_tokens == 5.0 and s.predicted_ms == 3.0
+    assert s.tree_rounds == 1 and s.tree_nodes == 4 and s.branch_wins == 1
+    assert s.draft_tokens_kept == 2
+
+
+def test_a_tree_round_without_free_drafts_times_nothing_and_respects_the_budget():
+    sizer = FakeTreeSizer(free_drafts=False)
+    proposer = SizedTreeProposer()
+    dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=4, sizer=sizer)
+    out = dec.generate([5], 2, GREEDY)
+    assert out.tokens == chain(5, 2)
+    assert proposer.calls == [(1, 2)]  # depth = min(γ, budget)
+    assert not any(e[0] == "propose_time" for e in sizer.log)
+
+
+def test_a_draft_tree_round_asks_the_sizer_whether_to_draft():
+    sizer = FakeTreeSizer(wants=None)
+    proposer = SizedTreeProposer(draft_passes=True)
+    dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=3, sizer=sizer)
+    out = dec.generate([5], 3, GREEDY)
+    assert out.tokens == chain(5, 3)
+    # No lookup part: the base is a plain step's (1 token, 0 nodes); the draft is used.
+    assert ("wants_draft", 1, 3, 3, (1.0, 0)) in sizer.log
+    assert proposer.lookups == []
+    assert proposer.seen == [(True, 1.25)]
+    assert ("tree_draft_ms", 1, 3) in sizer.log
+    assert ("fit", [0, 6, 7, 4], 1, 7.0, 2) in sizer.log
+
+
+def test_a_draft_tree_round_the_sizer_declines_is_a_plain_step():
+    plain = Choice(0, 1.0, 2.0, 2.0, False)
+    sizer = FakeTreeSizer(wants=plain)
+    proposer = SizedTreeProposer(draft_passes=True)
+    target = FakeTarget()
+    dec = SpeculativeDecoder(target, proposer, SpeculativeRule(), gamma=3, sizer=sizer)
+    out = dec.generate([5], 2, GREEDY)
+    assert out.tokens == chain(5, 2)
+    assert proposer.calls == [] and proposer.use_draft is False
+    assert target.fed == [[5], [6]]
+    assert out.stats.k_counts == [2] and out.stats.rounds == 2 and out.stats.tree_rounds == 0
+    assert not any(e[0] in ("fit", "tree_draft_ms") for e in sizer.log)
+    assert [e for e in sizer.log if e[0] == "time"] == [("time", 0)]  # round 1 (the prefill) untimed
+    assert sizer.log[0] == ("start",)
+
+
+def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
+    plain = Choice(0, 1.0, 2.0, 2.0, False)
+    sizer = FakeTreeSizer(wants=plain)
+    proposer = SizedTreeProposer(draft_passes=True, has_lookup=True)
+    dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=3, sizer=sizer)
+    out = dec.generate([5], 3, GREEDY)
+    assert out.tokens == chain(5, 3)
+    assert proposer.lookups == [1]
+    assert ("preview", [5], 1) in sizer.log
+    assert ("wants_draft", 1, 3, 3, (1.5, 2)) in sizer.log
+    # Proposes without the draft, and the draft's time is not counted.
+    assert proposer.seen == [(False, 1.25)]
+    assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log
+    assert not any(e[0] == "tree_draft_ms" for e in sizer.log)

@@ -31,6 +31,8 @@ class ScriptedSampler:
         self.uniform_calls = 0
 
     def uniform(self, device):
+        # The rule asks for the coins of the device its probabilities live on.
+        assert isinstance(device, torch.device) and device.type == "cpu", device
         self.uniform_calls += 1
         return self.uniforms.pop(0)
 
