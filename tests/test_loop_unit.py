@@ -6,6 +6,7 @@ table, so which tokens are accepted, and when, is known in advance.
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from draftlab.decode.sizing import Choice, TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer
-from draftlab.sampling import SamplingParams
+from draftlab.sampling import Sampler, SamplingParams
 from draftlab.verify.rules import BildRule, SpeculativeRule
 
 V = 16
@@ -37,8 +38,10 @@ class FakeTokenizer:
 class FakeTarget:
     """Enough of CachedModel for the loop: a cache of tokens and one-hot-ish greedy logits."""
 
-    def __init__(self, table=None, trees=True, context_length=None, encoder_decoder=False):
+    def __init__(self, table=None, trees=True, context_length=None, encoder_decoder=False, peak=10.0):
         self.table = table or {}
+        self.peak = peak
+        self.trees_fed: list = []
         self.trees = trees
         self.device = torch.device("cpu")
         self.forward_calls = 0
@@ -71,10 +74,11 @@ class FakeTarget:
     def forward(self, fed, keep, tree=None):
         self.forward_calls += 1
         self.fed.append(list(fed))
+        self.trees_fed.append(tree)
         self.cache += fed
         logits = torch.zeros(keep, V)
         for row, t in enumerate(self.cache[-keep:]):
-            logits[row, self.next_token(t)] = 10.0
+            logits[row, self.next_token(t)] = self.peak
         return logits
 
     def keep_path(self, base, path):
@@ -89,15 +93,31 @@ class FakeTarget:
 class TableProposer(Proposer):
     """Drafts k tokens, each the table's successor of the one before (the target's unless overridden)."""
 
-    def __init__(self, table=None, fell_back=False, kind=None):
+    def __init__(self, table=None, fell_back=False, kind=None, delay=0.0):
         self.table = table or {}
         self.fell_back = fell_back
         self.kind = kind
+        self.delay = delay  # seconds each proposal takes
         self.calls: list[tuple[int, int]] = []
         self.rollbacks: list[int] = []
         self.finished = None
+        self.started = None
+        self.samplers: list[Sampler] = []
+
+    def start(self, prompt_ids, prefix):
+        self.started = (list(prompt_ids), list(prefix))
+
+    def check(self, params, sampler):
+        """The loop hands the proposer the generation's own parameters and sampler."""
+        assert isinstance(params, SamplingParams), params
+        assert isinstance(sampler, Sampler), sampler
+        assert sampler.seed == params.seed
+        self.samplers.append(sampler)
+        if self.delay:
+            time.sleep(self.delay)
 
     def propose(self, sequence, k, params, sampler):
+        self.check(params, sampler)
         self.calls.append((len(sequence), k))
         self.forward_calls += k
         out, t = [], sequence[-1]
@@ -420,6 +440,7 @@ class TreeProposer(TableProposer):
     makes_trees = True
 
     def propose(self, sequence, k, params, sampler):
+        self.check(params, sampler)
         self.calls.append((len(sequence), k))
         right = nxt(sequence[-1])
         wrong = 1 if right != 1 else 2
@@ -487,6 +508,8 @@ class FakeSizer:
         self.free_drafts = free_drafts
         self.probe = probe
         self.log: list[tuple] = []
+        self.times: list[float] = []
+        self.propose_times: list[float] = []
 
     def start(self):
         self.log.append(("start",))
@@ -500,15 +523,17 @@ class FakeSizer:
         self.log.append(("observe", drafted, accepted, kind, probe))
 
     def observe_time(self, choice, ms):
+        self.times.append(ms)
         self.log.append(("time", choice.k, ms > 0))
 
     def observe_propose_time(self, ms):
+        self.propose_times.append(ms)
         self.log.append(("propose_time", ms >= 0))
 
 
 def test_a_sized_draft_model_round_proposes_the_chosen_k():
     proposer = TableProposer({7: 3})
-    proposer.lag = lambda sequence: 1
+    proposer.lag = lambda sequence: len(sequence) % 4
     sizer = FakeSizer([2, 0, 3])
     dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=4, sizer=sizer)
     out = dec.generate([5], 7, GREEDY)
@@ -522,7 +547,7 @@ def test_a_sized_draft_model_round_proposes_the_chosen_k():
     assert s.predicted_plain_ms == 1.5 * 8.0
     assert s.probes == 0
     chooses = [e for e in sizer.log if e[0] == "choose"]
-    assert chooses == [("choose", 1, 7, None, 1), ("choose", 4, 4, None, 1), ("choose", 5, 3, None, 1)]
+    assert chooses == [("choose", 1, 7, None, 1), ("choose", 4, 4, None, 0), ("choose", 5, 3, None, 1)]
     observes = [e for e in sizer.log if e[0] == "observe"]
     assert observes == [
         ("observe", 2, 2, None, False),
@@ -725,3 +750,88 @@ def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
     assert proposer.seen == [(False, 1.25)]
     assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log
     assert not any(e[0] == "tree_draft_ms" for e in sizer.log)
+
+
+# --- arguments, timing and reuse ----------------------------------------------------------------------
+
+
+def test_the_proposer_starts_with_the_prompt_and_the_targets_sequence():
+    proposer = TableProposer()
+    SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=2).generate([4, 5], 5, GREEDY)
+    assert proposer.started == ([4, 5], [4, 5])
+    # One sampler for the whole generation.
+    assert len(proposer.samplers) == 2 and proposer.samplers[0] is proposer.samplers[1]
+
+
+def test_chains_are_verified_without_a_tree_mask_and_trees_with_their_parents():
+    target = FakeTarget()
+    SpeculativeDecoder(target, TableProposer(), SpeculativeRule(), gamma=2).generate([5], 5, GREEDY)
+    assert target.trees_fed == [None, None]
+    target = FakeTarget()
+    dec = SpeculativeDecoder(target, TreeProposer(), SpeculativeRule(), gamma=3, tree_budget=3)
+    dec.generate([5], 3, GREEDY)
+    assert target.trees_fed == [[-1, -1, 1]]
+
+
+def test_a_tree_proposer_with_a_chain_sizer_records_no_choice():
+    sizer = FakeSizer([])
+    dec = SpeculativeDecoder(
+        FakeTarget(), TreeProposer(), SpeculativeRule(), gamma=3, sizer=sizer, tree_budget=3
+    )
+    out = dec.generate([5], 3, GREEDY)
+    assert out.tokens == chain(5, 3)
+    assert out.stats.k_counts == [] and out.stats.predicted_ms == 0.0
+    assert [e[0] for e in sizer.log] == ["start"]
+
+
+def test_sampling_is_reproducible_for_a_seed():
+    def sample(seed):
+        dec = SpeculativeDecoder(FakeTarget(peak=1.0), TableProposer(), SpeculativeRule(), gamma=2)
+        return dec.generate([5], 8, SamplingParams(temperature=1.0, seed=seed)).tokens
+
+    assert sample(3) == sample(3)
+    assert len({tuple(sample(seed)) for seed in range(6)}) > 1
+
+
+def test_calls_are_counted_per_generation():
+    target, proposer = FakeTarget(), TableProposer()
+    dec = SpeculativeDecoder(target, proposer, SpeculativeRule(), gamma=2)
+    first = dec.generate([5], 6, GREEDY).stats
+    second = dec.generate([5], 6, GREEDY).stats
+    assert (first.target_calls, first.draft_calls) == (2, 4)
+    assert (second.target_calls, second.draft_calls) == (2, 4)
+    assert target.forward_calls == 4 and proposer.forward_calls == 8
+
+
+def test_times_are_measured_per_phase():
+    delay = 0.004
+    proposer = TableProposer(delay=delay)
+    dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=1)
+    t0 = time.perf_counter()
+    s = dec.generate([5], 6, GREEDY).stats
+    wall = time.perf_counter() - t0
+    assert s.rounds == 3
+    assert 3 * delay <= s.propose_s <= wall
+    assert delay <= s.prefill_s <= wall
+    assert 2 * delay <= s.decode_s <= wall
+    assert s.total_s <= wall
+
+
+def test_sized_rounds_report_their_times_in_milliseconds():
+    delay = 0.004
+    sizer = FakeSizer([1, 1, 1])
+    dec = SpeculativeDecoder(
+        FakeTarget(), TableProposer(delay=delay), SpeculativeRule(), gamma=1, sizer=sizer
+    )
+    t0 = time.perf_counter()
+    dec.generate([5], 6, GREEDY)
+    wall_ms = (time.perf_counter() - t0) * 1000
+    assert len(sizer.times) == 2
+    assert all(delay * 1000 <= ms <= wall_ms for ms in sizer.times)
+    free = FakeSizer([1, 1, 1], free_drafts=True)
+    dec = SpeculativeDecoder(FakeTarget(), TableProposer(delay=delay), SpeculativeRule(), gamma=1, sizer=free)
+    t0 = time.perf_counter()
+    dec.generate([5], 6, GREEDY)
+    wall_ms = (time.perf_counter() - t0) * 1000
+    assert len(free.propose_times) == 3
+    assert all(delay * 1000 <= ms <= wall_ms for ms in free.propose_times)
