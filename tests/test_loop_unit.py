@@ -6,6 +6,7 @@ table, so which tokens are accepted, and when, is known in advance.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -471,6 +472,7 @@ def test_a_tree_budget_keeps_the_best_nodes_and_the_accepted_path():
     # Path values: 0.9, 0.5, 0.45, 0.09: nodes 0, 1, 2 kept; the target takes 1 then 2, plus a bonus.
     assert target.fed[0] == [5, 0, 6, 7]
     assert target.kept_paths[0] == (1, [1, 2])
+    assert proposer.calls == [(1, 3), (4, 3)]
     s = out.stats
     assert s.rounds == 2 and s.tree_rounds == 2 and s.tree_nodes == 6
     assert s.branch_wins == 2
@@ -640,6 +642,7 @@ class FakeTreeSizer(TreeSizer):
         return proposal.select(list(range(n))), Choice(n, 1.0 + n, 3.0, 2.0, False)
 
     def observe_propose_time(self, ms):
+        self.propose_ms = getattr(self, "propose_ms", []) + [ms]
         self.log.append(("propose_time", ms >= 0))
 
     def observe_tree(self, proposal, path):
@@ -663,7 +666,7 @@ class SizedTreeProposer(TreeProposer):
         self.seen: list[tuple] = []
 
     def lag(self, sequence):
-        return 3
+        return len(sequence) + 2
 
     def lookup_tree(self, sequence):
         self.lookups.append(len(sequence))
@@ -733,6 +736,8 @@ def test_a_draft_tree_round_the_sizer_declines_is_a_plain_step():
     assert out.stats.k_counts == [2] and out.stats.rounds == 2 and out.stats.tree_rounds == 0
     assert not any(e[0] in ("fit", "tree_draft_ms") for e in sizer.log)
     assert [e for e in sizer.log if e[0] == "time"] == [("time", 0)]  # round 1 (the prefill) untimed
+    # Each plain step is still a (node-less) tree round for the sizer.
+    assert [e for e in sizer.log if e[0] == "observe_tree"] == [("observe_tree", [], [])] * 2
     assert sizer.log[0] == ("start",)
 
 
@@ -835,3 +840,57 @@ def test_sized_rounds_report_their_times_in_milliseconds():
     wall_ms = (time.perf_counter() - t0) * 1000
     assert len(free.propose_times) == 3
     assert all(delay * 1000 <= ms <= wall_ms for ms in free.propose_times)
+
+
+class UnscoredTreeProposer(TreeProposer):
+    def propose(self, sequence, k, params, sampler):
+        return dataclasses.replace(super().propose(sequence, k, params, sampler), scores=None)
+
+
+def test_a_tree_without_scores_keeps_its_first_nodes():
+    target = FakeTarget()
+    dec = SpeculativeDecoder(target, UnscoredTreeProposer(), SpeculativeRule(), gamma=3, tree_budget=2)
+    out = dec.generate([5], 2, GREEDY)
+    assert out.tokens == chain(5, 2)
+    # Every node counts 1: the two root children (ties go to the earlier node).
+    assert target.fed[0] == [5, 0, 6]
+    assert target.trees_fed[0] == [-1, -1]
+
+
+def test_tree_draft_passes_are_counted_per_round():
+    sizer = FakeTreeSizer(free_drafts=True)
+    dec = SpeculativeDecoder(FakeTarget(), SizedTreeProposer(), SpeculativeRule(), gamma=3, sizer=sizer)
+    out = dec.generate([5], 6, GREEDY)
+    assert out.tokens == chain(5, 6)
+    fits = [e for e in sizer.log if e[0] == "fit"]
+    assert [e[2] for e in fits] == [1, 4] and [e[4] for e in fits] == [2, 2]
+
+
+class FakeClock:
+    """time.perf_counter that advances one second a call: every measured span is whole seconds."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_times_are_reported_in_milliseconds(monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    chain_sizer = FakeSizer([1, 1, 1])
+    SpeculativeDecoder(FakeTarget(), TableProposer(), SpeculativeRule(), gamma=1, sizer=chain_sizer).generate(
+        [5], 6, GREEDY
+    )
+    free = FakeSizer([1, 1, 1], free_drafts=True)
+    SpeculativeDecoder(FakeTarget(), TableProposer(), SpeculativeRule(), gamma=1, sizer=free).generate(
+        [5], 6, GREEDY
+    )
+    tree = FakeTreeSizer(free_drafts=True)
+    SpeculativeDecoder(FakeTarget(), SizedTreeProposer(), SpeculativeRule(), gamma=3, sizer=tree).generate(
+        [5], 6, GREEDY
+    )
+    spans = chain_sizer.times + free.times + free.propose_times + tree.propose_ms
+    assert len(spans) == 2 + 2 + 3 + 2
+    assert all(ms >= 1000 and ms % 1000 == 0 for ms in spans), spans
