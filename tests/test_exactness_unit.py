@@ -209,14 +209,60 @@ def test_an_end_token_first_is_a_cell_of_its_own(lm):
     assert law.probs[law.cells.index((eos, END))] == pytest.approx(p1[eos], rel=1e-4)
     assert not any(a == eos and b != END for a, b in law.cells)
     assert law.probs.sum() == pytest.approx(1.0)
+    # The first tokens after the end token are listed too.
+    assert {a for a, _ in law.cells} == set(range(V)) | {OTHER}
+    for a in range(V):
+        if a != eos:
+            assert law.probs[law.cells.index((a, OTHER))] == pytest.approx(0.0, abs=1e-6)
+
+
+def _uniform(vocab):
+    """A model whose every distribution is exactly uniform (all weights zero): exact thresholds."""
+    lm = _llama(vocab=vocab)
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            p.zero_()
+    return lm
+
+
+T1 = SamplingParams(temperature=1.0)
+
+
+def test_thresholds_are_inclusive():
+    lm = _uniform(8)
+    # First tokens expected exactly min_expected times are listed.
+    law = two_token_law(lm, PROMPT, T1, samples=1, min_expected=1 / 8)
+    assert {a for a, _ in law.cells} == set(range(8)) | {OTHER}
+    # So are pairs expected exactly min_expected times; and cells expected exactly min_expected
+    # times are not pooled.
+    law = two_token_law(lm, PROMPT, T1, samples=64, min_expected=1.0)
+    assert sum(1 for _, b in law.cells if b >= 0) == 64
+    assert all(law.cells[i][1] == OTHER for i in law.pooled) and len(law.pooled) == 9
+    assert law.probs[law.cells.index((3, 5))] == pytest.approx(1 / 64)
 
 
 def test_a_single_small_cell_is_not_pooled():
-    lm = _llama(seed=3)
-    # Greedy-like: temperature tiny, one first token holds (nearly) all the mass.
-    params = SamplingParams(temperature=0.01)
-    law = two_token_law(lm, PROMPT, params, samples=100)
-    assert len(law.pooled) != 1
+    lm = _uniform(8)
+    # Rows with no listed pair: 8 cells (a, any) of 1/8 (expected 5 each, not small), and the empty
+    # (any, any) cell: the one small cell stays as it is.
+    law = two_token_law(lm, PROMPT, T1, samples=40, min_expected=5.0)
+    assert law.cells == [(a, OTHER) for a in range(8)] + [(OTHER, OTHER)]
+    assert law.probs == pytest.approx([1 / 8] * 8 + [0.0])
+    assert law.pooled == []
+    assert law.degrees_of_freedom == 8
+
+
+def test_the_defaults_list_cells_expected_five_times_and_256_first_tokens():
+    lm = _uniform(300)
+    # p1 = 1/300: at 1500 samples each first token is expected 5 times, listed with the default
+    # min_expected of 5; no pair is. Only the 256 likeliest first tokens are listed.
+    law = two_token_law(lm, PROMPT, T1, samples=1500)
+    assert len(law.cells) == 257
+    assert all(b == OTHER for _, b in law.cells)
+    assert law.probs[:-1] == pytest.approx([1 / 300] * 256)
+    assert law.probs[-1] == pytest.approx(44 / 300)
+    assert law.pooled == []
+    assert len(two_token_law(lm, PROMPT, T1, samples=1499).cells) == 1
 
 
 # --- TwoTokenLaw -----------------------------------------------------------------------------------
@@ -234,8 +280,9 @@ def test_cell_lookup_prefers_the_pair_then_its_row_then_the_rest():
     assert law.cell((4, 4)) == 3
     assert law.cell((3, 2)) == 3
     small = law_of([(1, 2)], [1.0])
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as error:
         small.cell((1, 3))
+    assert error.value.args == ((1, 3),)
 
 
 def test_p_value_is_scipys_chi_square():
@@ -270,6 +317,14 @@ def test_p_value_edges():
     assert law.p_value(Counter({(0, 0): 60, (0, 1): 40})) == pytest.approx(1.0)
     # A clear misfit.
     assert law.p_value(Counter({(0, 0): 10, (0, 1): 90})) < 1e-6
+
+
+def test_small_but_possible_cells_count():
+    # Expected 0.5 of 100 observations, observed once: a real (if small) cell, not an impossible one.
+    law = law_of([(0, 0), (0, 1)], [0.995, 0.005])
+    counts = Counter({(0, 0): 99, (0, 1): 1})
+    assert law.p_value(counts) == pytest.approx(chisquare([99, 1], [99.5, 0.5]).pvalue)
+    assert law.p_value(Counter({(0, 0): 100})) == pytest.approx(chisquare([100, 0], [99.5, 0.5]).pvalue)
 
 
 def test_expected_counts_follow_the_observed_total():
@@ -366,8 +421,15 @@ def test_reuse_prefix_passes_other_calls_through(lm):
         ref = lm.model(input_ids=other).logits
         # Another prefix, no cache, a non-empty cache, a batch: all run in full.
         assert torch.allclose(reused.model(input_ids=other).logits, ref, atol=1e-5)
-        out = reused.model(input_ids=other, past_key_values=DynamicCache(config=lm.model.config))
-        assert out.logits.shape[1] == 4
+        cache = DynamicCache(config=lm.model.config)
+        out = reused.model(input_ids=other, past_key_values=cache)
+        assert out.logits.shape[1] == 4 and cache.get_seq_length() == 4
+        # Positional arguments and keyword arguments go through.
+        assert torch.allclose(reused.model(other).logits, ref, atol=1e-5)
+        kept = reused.model(
+            input_ids=other, past_key_values=DynamicCache(config=lm.model.config), logits_to_keep=1
+        )
+        assert kept.logits.shape[1] == 1
         ids = torch.tensor([PROMPT + [4]])
         full = lm.model(input_ids=ids).logits
         assert reused.model(input_ids=ids).logits.shape[1] == 4
@@ -389,3 +451,4 @@ def test_reuse_prefix_passes_other_calls_through(lm):
         assert not reused.model._reusable(ids, object())
         assert not reused.model._reusable(None, DynamicCache(config=lm.model.config))
     assert reuse_prefix(lm, [3]) is lm  # nothing to reuse
+    assert reuse_prefix(lm, [3, 4]) is not lm  # one token to reuse
