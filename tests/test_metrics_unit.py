@@ -564,3 +564,191 @@ def test_summarize_with_a_per_label_baseline():
     assert s["overall"]["sps bf16"]["speedup"] == pytest.approx(2.0)
     assert s["overall"]["ar bf16"]["is_baseline"] is True
     assert s["unmatched"] == {}
+
+
+# --- sweeps -------------------------------------------------------------------------------------------
+
+
+def sweep_of(records, **run_kw):
+    return metrics.summarize(records, run_info(**run_kw), resamples=0)["sweeps"]
+
+
+def test_draft_gamma_sweep_rows_are_sorted_and_only_varying_settings_count():
+    records = [
+        rec("ar", gamma=None, draft=None),
+        rec("sps g2", method="sps", gamma=2, draft_params=100, total_s=0.5),
+        rec("sps g4", method="sps", gamma=4, draft_params=100),
+        rec("sps big", method="sps", gamma=4, draft="D", draft_params=500),
+        rec("sps small", method="sps", gamma=4, draft="c", draft_params=None),
+        rec("pld", gamma=3),  # one setting only: no sweep of its own
+        rec("bild", gamma=4),
+        rec("bild g2", method="bild", gamma=2),  # BiLD has its own grid
+        rec("sps T1", method="sps", temperature=1.0, gamma=4),  # alone at its temperature
+    ]
+    rows = sweep_of(records)["draft_gamma"]
+    assert [r["label"] for r in rows] == ["sps g2", "sps g4", "sps big", "sps small"]
+    g2 = rows[0]
+    assert (g2["temperature"], g2["draft"], g2["draft_params"], g2["gamma"]) == (0.0, "d", 100, 2)
+    assert g2["method"] == "sps" and g2["speedup"] == pytest.approx(2.0) and g2["n"] == 1
+    assert set(metrics._ROW_FIELDS) <= set(g2)
+    # One value each: no sweep.
+    assert "draft_gamma" not in sweep_of([rec("ar"), rec("sps")])
+
+
+def test_draft_gamma_rows_sort_by_method_then_temperature():
+    records = [
+        rec("ar"),
+        rec("sps a", method="sps", gamma=4, temperature=0.5),
+        rec("sps b", method="sps", gamma=2, temperature=0.5),
+        rec("pld a", method="pld", gamma=4),
+        rec("pld b", method="pld", gamma=2),
+        rec("sps c", method="sps", gamma=4, temperature=0.0, draft="z"),
+        rec("sps d", method="sps", gamma=4, temperature=0.0, draft="a"),
+    ]
+    rows = sweep_of(records)["draft_gamma"]
+    assert [r["label"] for r in rows] == ["pld b", "pld a", "sps d", "sps c", "sps b", "sps a"]
+
+
+def test_tree_budget_sweep():
+    records = [
+        rec("ar"),
+        rec(
+            "tree 8",
+            method="pld-tree",
+            params={"tree_budget": 8},
+            tree_rounds=2,
+            tree_nodes=16,
+            branch_wins=1,
+        ),
+        rec("tree 4", method="pld-tree", params={"tree_budget": 4}, tree_rounds=2, tree_nodes=8),
+        rec("dtree 2", method="draft-tree", params={"tree_budget": 2}),
+        rec("free", method="pld-tree", params={"tree_budget": None}),
+    ]
+    rows = sweep_of(records)["tree_budget"]
+    assert [(r["label"], r["budget"]) for r in rows] == [("dtree 2", 2), ("tree 4", 4), ("tree 8", 8)]
+    assert rows[2]["nodes_per_round"] == 8.0 and rows[2]["branch_win_share"] == 0.5
+    assert "tree_budget" not in sweep_of([rec("ar"), rec("t", method="pld-tree", params={"tree_budget": 4})])
+
+
+def test_bild_grid_per_draft():
+    records = [
+        rec("ar"),
+        rec("b1", method="bild", params={"fallback_threshold": 0.5, "rollback": 2}, fallbacks=3),
+        rec("b2", method="bild", params={"fallback": 0.9, "rollback_thres": 2}),
+        rec("b3", method="bild", params={"fallback_threshold": 0.5, "rollback_threshold": "inf"}),
+        rec("b4", method="bild", draft="e", params={"fallback_threshold": 0.5}),
+        rec("b5", method="bild", params={}),  # no thresholds: not in the grid
+        rec("sps", params={"fallback_threshold": 0.1}),  # not BiLD
+    ]
+    grids = sweep_of(records)["bild"]
+    assert [g["draft"] for g in grids] == ["d", "e"]
+    d = grids[0]
+    assert d["fallback"] == [0.5, 0.9]
+    assert d["rollback"] == [2, "inf"]
+    assert [(c["label"], c["fallback"], c["rollback"]) for c in d["cells"]] == [
+        ("b1", 0.5, 2),
+        ("b2", 0.9, 2),
+        ("b3", 0.5, "inf"),
+    ]
+    assert d["cells"][0]["fallbacks"] == 3 and "draft_share" in d["cells"][0] and "rollbacks" in d["cells"][0]
+    assert grids[1]["rollback"] == [None] and grids[1]["cells"][0]["fallback"] == 0.5
+    single = [rec("ar"), rec("b1", method="bild", params={"fallback_threshold": 0.5})]
+    assert "bild" not in sweep_of(single)
+    # Only the rollback given is enough to place a label.
+    only_rb = [
+        rec("ar"),
+        rec("b1", method="bild", params={"rollback": 1}),
+        rec("b2", method="bild", params={"rollback": 2}),
+    ]
+    assert sweep_of(only_rb)["bild"][0]["fallback"] == [None]
+
+
+def test_temperature_sweep_compares_with_the_baseline_at_the_same_temperature():
+    records = [
+        rec("ar", example_id="a", temperature=0.0, total_s=1.0),
+        rec("ar", example_id="a", temperature=1.0, total_s=2.0),
+        rec("sps", example_id="a", temperature=0.0, total_s=0.5),
+        rec("sps", example_id="a", temperature=1.0, total_s=0.5),
+        rec("sps", example_id="a", temperature=0.5, total_s=0.5),  # no baseline at 0.5: all of it
+    ]
+    rows = sweep_of(records)["temperature"]
+    got = {(r["label"], r["temperature"]): r for r in rows}
+    assert [(r["label"], r["temperature"]) for r in rows] == [
+        ("ar", 0.0),
+        ("ar", 1.0),
+        ("sps", 0.0),
+        ("sps", 0.5),
+        ("sps", 1.0),
+    ]
+    assert got[("ar", 1.0)]["speedup"] == 1.0 and got[("ar", 1.0)]["is_baseline"] is True
+    assert got[("sps", 0.0)]["speedup"] == pytest.approx(2.0)
+    assert got[("sps", 1.0)]["speedup"] == pytest.approx(4.0)
+    # Against both baseline records (the same key twice: summed), 20 / 3 s.
+    assert got[("sps", 0.5)]["speedup"] == pytest.approx((10 / 0.5) / (20 / 3.0))
+    assert got[("sps", 0.0)]["is_baseline"] is False
+    assert "temperature" not in sweep_of([rec("ar"), rec("sps")])
+
+
+def test_ablation_of_cache_and_attention():
+    records = [
+        rec("ar", example_id="a", total_s=1.0),
+        rec("ar eager", method="ar", example_id="a", total_s=2.0, params={"attn_implementation": "eager"}),
+        rec("ar nocache", method="ar", example_id="a", total_s=4.0, params={"use_cache": False}),
+        rec("sps", example_id="a", total_s=0.5),
+        rec(
+            "sps nocache",
+            method="sps",
+            example_id="a",
+            total_s=1.0,
+            params={"use_cache": False, "attn_implementation": "sdpa"},
+        ),
+    ]
+    rows = sweep_of(records)["ablation"]
+    # Plain decoding: the one without cache first, eager attention preferred.
+    assert {r["plain"] for r in rows} == {"ar nocache"}
+    assert [(r["label"], r["speculative"], r["use_cache"], r["attn_implementation"]) for r in rows] == [
+        ("ar nocache", False, False, "default"),
+        ("ar", False, True, "default"),
+        ("ar eager", False, True, "eager"),
+        ("sps nocache", True, False, "sdpa"),
+        ("sps", True, True, "default"),
+    ]
+    by = {r["label"]: r for r in rows}
+    assert by["ar nocache"]["speedup_vs_plain"] == 1.0
+    assert by["ar nocache"]["speedup_vs_plain_ci_low"] is None
+    assert by["sps"]["speedup_vs_plain"] == pytest.approx(8.0)
+    assert by["ar eager"]["speedup_vs_plain"] == pytest.approx(2.0)
+    assert by["sps nocache"]["speedup_vs_plain"] == pytest.approx(4.0)
+    assert set(metrics._ROW_FIELDS) <= set(by["sps"])
+
+
+def test_ablation_prefers_eager_among_uncached_plain_runs_and_needs_variation():
+    records = [
+        rec("ar", example_id="a", params={"use_cache": False}),
+        rec(
+            "ar eager",
+            method="ar",
+            example_id="a",
+            params={"use_cache": False, "attn_implementation": "eager"},
+        ),
+        rec("ar cached", method="ar", example_id="a"),
+    ]
+    assert {r["plain"] for r in sweep_of(records)["ablation"]} == {"ar eager"}
+    # Named but all the same: no ablation.
+    same = [rec("ar", params={"use_cache": True}), rec("sps", params={"use_cache": True})]
+    assert "ablation" not in sweep_of(same)
+    # No plain label: the run's baseline is the reference.
+    spec_only = [
+        rec("sps", example_id="a", total_s=0.5, params={"use_cache": False}),
+        rec("pld", example_id="a", total_s=0.25),
+    ]
+    rows = sweep_of(spec_only, baseline="sps")["ablation"]
+    assert {r["plain"] for r in rows} == {"sps"}
+    assert {r["label"]: r["speedup_vs_plain"] for r in rows} == {"sps": 1.0, "pld": pytest.approx(2.0)}
+    # A plain label without throughput has no speed-up against itself.
+    idle = [
+        rec("ar", example_id="a", new_tokens=0, params={"use_cache": False}),
+        rec("sps", example_id="a"),
+    ]
+    rows = {r["label"]: r for r in sweep_of(idle)["ablation"]}
+    assert rows["ar"]["speedup_vs_plain"] is None
