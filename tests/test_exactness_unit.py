@@ -395,14 +395,23 @@ def test_reuse_prefix_gives_the_same_logits_as_a_plain_pass(lm):
         assert out.logits.shape[1] == 3
         assert torch.allclose(out.logits[0], ref[-3:], atol=1e-5)
         assert cache.get_seq_length() == len(PROMPT) + 2
-        # The prefix alone: its last row.
+        # The prefix alone: its last row only, and the cache filled.
+        long_prompt = [0, 3, 1, 2, 5]
+        long = reuse_prefix(lm, long_prompt)
         cache = DynamicCache(config=lm.model.config)
-        out = reused.model(input_ids=torch.tensor([PROMPT[:-1]]), past_key_values=cache)
-        assert torch.allclose(
-            out.logits[0, -1], lm.model(input_ids=torch.tensor([PROMPT[:-1]])).logits[0, -1], atol=1e-5
+        out = long.model(input_ids=torch.tensor([long_prompt[:-1]]), past_key_values=cache)
+        assert out.logits.shape == (1, 1, V)
+        ref_prefix = lm.model(input_ids=torch.tensor([long_prompt[:-1]])).logits[0, -1]
+        assert torch.allclose(out.logits[0, -1], ref_prefix, atol=1e-5)
+        assert out.past_key_values is cache and cache.get_seq_length() == 4
+        # Keyword arguments reach the model.
+        one = reused.model(
+            input_ids=ids, past_key_values=DynamicCache(config=lm.model.config), logits_to_keep=1
         )
+        assert one.logits.shape == (1, 1, V)
+        assert torch.allclose(one.logits[0, 0], ref[-1], atol=1e-5)
         # Asking for logits of prefix positions is refused.
-        with pytest.raises(ValueError, match="reuse_prefix"):
+        with pytest.raises(ValueError, match="^reuse_prefix: logits of prefix positions"):
             reused.model(
                 input_ids=ids, past_key_values=DynamicCache(config=lm.model.config), logits_to_keep=4
             )
