@@ -752,3 +752,167 @@ def test_ablation_prefers_eager_among_uncached_plain_runs_and_needs_variation():
     ]
     rows = {r["label"]: r for r in sweep_of(idle)["ablation"]}
     assert rows["ar"]["speedup_vs_plain"] is None
+
+
+# --- what the summary hands down: seed, resamples, baselines ------------------------------------------
+
+
+SPEEDS = [0.3, 0.5, 0.7, 0.4, 0.9, 0.35]
+
+
+def spread(label="sps", method=None, subtask_of=lambda i: "qa", **kw):
+    """One record per key a..f, with different per-key times so that intervals depend on the draws."""
+    return [
+        rec(
+            label,
+            method=method or label.split()[0],
+            example_id=e,
+            subtask=subtask_of(i),
+            total_s=t,
+            decode_s=t * 0.9,
+            **kw,
+        )
+        for i, (e, t) in enumerate(zip("abcdef", SPEEDS, strict=True))
+    ]
+
+
+def ar_rows(label="ar", total_s=1.0, **kw):
+    return [
+        rec(label, method="ar", example_id=e, total_s=total_s, decode_s=total_s * 0.9, **kw) for e in "abcdef"
+    ]
+
+
+def test_summary_intervals_use_the_given_seed_and_resamples():
+    sps, ar = spread(), ar_rows()
+    ref = metrics.speedup(sps, ar, resamples=40, seed=7)
+    # The draws matter for this data: another seed or count gives another interval.
+    assert ref["speedup_ci_low"] != metrics.speedup(sps, ar, resamples=40, seed=0)["speedup_ci_low"]
+    assert ref["speedup_ci_low"] != metrics.speedup(sps, ar, resamples=2000, seed=7)["speedup_ci_low"]
+    s = metrics.summarize(sps + ar, run_info(), resamples=40, seed=7)
+    for name in ("speedup_ci_low", "speedup_ci_high", "decode_speedup_ci_low", "decode_speedup_ci_high"):
+        assert s["overall"]["sps"][name] == pytest.approx(ref[name]), name
+        assert s["subtasks"]["qa"]["sps"][name] == pytest.approx(ref[name]), name
+    # "vs best ar" as well, overall and per subtask.
+    assert s["overall"]["sps"]["vs_best_ar_ci_low"] == pytest.approx(ref["speedup_ci_low"])
+    assert s["subtasks"]["qa"]["sps"]["vs_best_ar_ci_high"] == pytest.approx(ref["speedup_ci_high"])
+
+
+def test_vs_best_ar_per_subtask_uses_that_subtasks_records():
+    two = spread(subtask_of=lambda i: "qa" if i < 3 else "code")
+    ar = [rec("ar", example_id=e, subtask="qa" if i < 3 else "code") for i, e in enumerate("abcdef")]
+    s = metrics.summarize(two + ar, run_info(), resamples=0)
+    for subtask, keys in (("qa", slice(0, 3)), ("code", slice(3, 6))):
+        expected = (30 / sum(SPEEDS[keys])) / (30 / 3.0)
+        assert s["subtasks"][subtask]["sps"]["vs_best_ar"] == pytest.approx(expected)
+
+
+def test_temperature_sweep_intervals_use_the_given_seed_and_per_label_baselines():
+    records = (
+        spread(temperature=0.0)
+        + spread(temperature=1.0)
+        + ar_rows(temperature=0.0)
+        + ar_rows(temperature=1.0)
+    )
+    records += spread("sps bf16", method="sps", temperature=1.0) + ar_rows(
+        "ar bf16", total_s=2.0, temperature=1.0
+    )
+    run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
+    rows = metrics.summarize(records, run, resamples=40, seed=7)["sweeps"]["temperature"]
+    got = {(r["label"], r["temperature"]): r for r in rows}
+    ref = metrics.speedup(spread(temperature=1.0), ar_rows(temperature=1.0), resamples=40, seed=7)
+    assert got[("sps", 1.0)]["speedup_ci_low"] == pytest.approx(ref["speedup_ci_low"])
+    assert got[("sps", 1.0)]["speedup_ci_high"] == pytest.approx(ref["speedup_ci_high"])
+    # sps bf16 against ar bf16 (twice as slow as ar), which is its own baseline.
+    assert got[("sps bf16", 1.0)]["speedup"] == pytest.approx(2 * ref["speedup"])
+    assert got[("ar bf16", 1.0)]["is_baseline"] is True and got[("ar bf16", 1.0)]["speedup"] == 1.0
+
+
+def test_ablation_intervals_use_the_given_seed():
+    records = spread() + ar_rows() + ar_rows("ar nocache", total_s=2.0, params={"use_cache": False})
+    rows = {
+        r["label"]: r
+        for r in metrics.summarize(records, run_info(), resamples=40, seed=7)["sweeps"]["ablation"]
+    }
+    ref = metrics.speedup(spread(), ar_rows("ar nocache", total_s=2.0), resamples=40, seed=7)
+    assert rows["sps"]["plain"] == "ar nocache"
+    assert rows["sps"]["speedup_vs_plain"] == pytest.approx(ref["speedup"])
+    assert rows["sps"]["speedup_vs_plain_ci_low"] == pytest.approx(ref["speedup_ci_low"])
+    assert rows["sps"]["speedup_vs_plain_ci_high"] == pytest.approx(ref["speedup_ci_high"])
+    # The plain label itself: 1, and no interval even with resamples.
+    assert rows["ar nocache"]["speedup_vs_plain"] == 1.0
+    assert rows["ar nocache"]["speedup_vs_plain_ci_low"] is None
+    assert rows["ar nocache"]["speedup_vs_plain_ci_high"] is None
+
+
+def test_an_attention_only_ablation():
+    records = ar_rows() + ar_rows("ar eager", params={"attn_implementation": "eager"})
+    rows = metrics.summarize(records, run_info(), resamples=0)["sweeps"]["ablation"]
+    assert [(r["label"], r["attn_implementation"]) for r in rows] == [
+        ("ar", "default"),
+        ("ar eager", "eager"),
+    ]
+
+
+def test_a_missing_baseline_gives_no_speedup_but_a_summary():
+    records = spread(temperature=0.0) + spread(temperature=1.0)
+    s = metrics.summarize(records, run_info(), resamples=0)
+    assert s["overall"]["sps"]["speedup"] is None and s["overall"]["sps"]["matched_keys"] == 0
+    assert {r["speedup"] for r in s["sweeps"]["temperature"]} == {None}
+    # An ablation with no plain label and no baseline records: nothing to compare with.
+    ablation = spread() + spread("sps nocache", method="sps", params={"use_cache": False})
+    rows = metrics.summarize(ablation, run_info(), resamples=0)["sweeps"]["ablation"]
+    assert {r["plain"] for r in rows} == {"ar"} and {r["speedup_vs_plain"] for r in rows} == {None}
+
+
+def test_plain_labels_never_enter_the_draft_gamma_table():
+    records = [rec("ar", gamma=4), rec("ar g2", method="ar", gamma=2), rec("sps")]
+    assert "draft_gamma" not in sweep_of(records)
+
+
+def test_two_tree_budgets_are_a_sweep_sorted_by_method_first():
+    records = [
+        rec("ar"),
+        rec("z 2", method="z-tree", params={"tree_budget": 2}),
+        rec("p 8", method="pld-tree", params={"tree_budget": 8}),
+    ]
+    rows = sweep_of(records)["tree_budget"]
+    assert [r["label"] for r in rows] == ["p 8", "z 2"]
+
+
+def test_bild_grid_axes_mix_numbers_and_missing_values():
+    records = [
+        rec("ar"),
+        rec("b1", method="bild", params={"fallback_threshold": 0.5, "rollback": 2}),
+        rec("b2", method="bild", params={"rollback": 3}),
+    ]
+    grid = sweep_of(records)["bild"][0]
+    assert grid["fallback"] == [0.5, None] and grid["rollback"] == [2, 3]
+    assert set(metrics._ROW_FIELDS) <= set(grid["cells"][0])
+
+
+def test_best_plain_is_the_fastest_not_the_last_named():
+    by_label = {
+        "ar": [rec("ar", total_s=1.0)],
+        "ar slow": [rec("ar", total_s=4.0)],
+        "sps": [rec("sps", total_s=0.5)],
+    }
+    group = {
+        label: {"method": rs[0].method, "tokens_per_s": 10 / rs[0].total_s} for label, rs in by_label.items()
+    }
+    metrics.add_vs_best_plain(group, by_label, None, resamples=0)
+    assert group["sps"]["best_plain"] == "ar" and group["sps"]["vs_best_ar"] == pytest.approx(2.0)
+
+
+def test_bootstrap_thresholds_are_strictly_positive():
+    index = np.array([[0]])
+    # Small but positive sums count.
+    assert metrics._bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.25]]), 0, 1, index) == pytest.approx(
+        (1.0, 1.0)
+    )
+    # A baseline without time is skipped (it would give an infinite rate).
+    assert metrics._bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.0]]), 0, 1, index) is None
+
+
+def test_sort_key_of_strings():
+    assert metrics._sort_key("inf") == (1, 0.0, "inf")
+    assert sorted(["b", 2, "a"], key=metrics._sort_key) == [2, "a", "b"]
