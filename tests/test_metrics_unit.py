@@ -916,3 +916,37 @@ def test_bootstrap_thresholds_are_strictly_positive():
 def test_sort_key_of_strings():
     assert metrics._sort_key("inf") == (1, 0.0, "inf")
     assert sorted(["b", 2, "a"], key=metrics._sort_key) == [2, "a", "b"]
+
+
+def test_more_edges():
+    # A single token in no time is already a timing bug.
+    assert metrics.throughput([rec(new_tokens=1, total_s=0.0)])["zero_time_records"] == 1
+    # One resample is an interval (of one value).
+    s = metrics.speedup(spread(), ar_rows(), resamples=1, seed=0)
+    assert s["speedup_ci_low"] is not None and s["speedup_ci_low"] == s["speedup_ci_high"]
+    # No whole-generation time but decode time: the decode speed-up still gets its interval.
+    mine = [rec(example_id=e, total_s=0.0, decode_s=t) for e, t in zip("ab", (0.3, 0.6), strict=True)]
+    s = metrics.speedup(mine, ar_rows()[:2], resamples=50, seed=0)
+    assert s["speedup"] is None and s["speedup_ci_low"] is None
+    assert s["decode_speedup"] is not None and s["decode_speedup_ci_low"] is not None
+    # Accepted positions missing at the end count as 0.
+    a = metrics.acceptance(
+        [rec(drafted=4, accepted=1, drafted_per_position=[2, 2], accepted_per_position=[1])]
+    )
+    assert a["accepted_per_position"] == [1, 0] and a["acceptance_per_position"] == [0.5, 0.0]
+    # Nothing drafted: no α̂, whatever else was counted.
+    assert metrics.acceptance([rec(drafted=0, accepted=0, rollbacks=1)])["alpha_hat"] is None
+    # The share of plain rounds is that of k = 0.
+    assert metrics.sizing([rec(k_counts=[1, 3])])["k0_share"] == 0.25
+
+
+def test_unmatched_keys_are_checked_against_each_labels_own_baseline():
+    records = [
+        rec("ar", example_id="a"),
+        rec("ar", example_id="b"),
+        rec("ar bf16", method="ar", example_id="a"),
+        rec("sps bf16", method="sps", example_id="a"),
+        rec("sps bf16", method="sps", example_id="b"),
+    ]
+    run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
+    assert metrics.summarize(records, run, resamples=0)["unmatched"] == {"sps bf16": [["b", 0, 0]]}
