@@ -221,7 +221,9 @@ class _PrefixReuse:
 
     def __call__(self, *args, input_ids=None, past_key_values=None, **kwargs):
         if args or not self._reusable(input_ids, past_key_values):
-            return self._model(*args, input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+            # Only the keywords the caller gave: input_ids=None beside a positional input_ids is a TypeError.
+            given = {"input_ids": input_ids, "past_key_values": past_key_values}
+            return self._model(*args, **{k: v for k, v in given.items() if v is not None}, **kwargs)
         for i, (keys, values) in enumerate(self._kv):
             past_key_values.update(keys, values, i)
         rest = input_ids[:, len(self._prefix) :]
