@@ -668,7 +668,8 @@ def engine_summary(
     for label, v in variants.items():
         if baseline_of(label) is None:
             continue
-        table.setdefault(v["method"], {})[engine_of(v)] = label
+        # The first label of a method on an engine is its main one ("ar", not "ar float16").
+        table.setdefault(v["method"], {}).setdefault(engine_of(v), label)
     ar_match = {}
     plain = table.get("ar", {})
     reference = {r.key: r.tokens for r in records if r.label == plain.get("hf") and r.temperature == 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from contextlib import contextmanager
 
 from draftlab.bench.runner import Variant
@@ -155,6 +156,10 @@ def vllm_variants(
     except BaseException:
         pool.close()
         raise
+    if dtype == "auto":  # the weightless copies report the dtype vLLM chose (run.json, records)
+        for lm in (target, draft):
+            if lm is not None:
+                lm.spec = dataclasses.replace(lm.spec, dtype=pool.dtype)
     return variants, pool
 
 
