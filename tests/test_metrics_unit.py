@@ -950,3 +950,118 @@ def test_unmatched_keys_are_checked_against_each_labels_own_baseline():
     ]
     run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
     assert metrics.summarize(records, run, resamples=0)["unmatched"] == {"sps bf16": [["b", 0, 0]]}
+
+
+# --- engines and concurrency ------------------------------------------------------------------------
+
+
+def test_engine_of_reads_the_variants_engine_setting():
+    assert metrics.engine_of({"params": {"engine": "vllm"}}) == "vllm"
+    assert metrics.engine_of({"params": {}}) == "hf"
+    assert metrics.engine_of({}) == "hf"
+
+
+def _two_engines() -> tuple[list[Record], RunInfo]:
+    vllm = {"engine": "vllm"}
+    rows = [
+        rec("ar", "e1", method="ar", tokens=[1, 2]),
+        rec("ar", "e2", method="ar", tokens=[3, 4]),
+        rec("ar", "e3", method="ar", tokens=[5], temperature=1.0),  # sampled: never a reference
+        rec("sps", "e1", tokens=[1, 2]),
+        rec("ar float16", "e1", method="ar", tokens=[9]),
+        rec("ar@vllm", "e1", method="ar", tokens=[1, 2], params=vllm),  # same tokens as hf's ar
+        rec("ar@vllm", "e2", method="ar", tokens=[3, 5], params=vllm),  # differs
+        rec("ar@vllm", "e3", method="ar", tokens=[5], params=vllm),  # no greedy hf reference
+        rec("sps@vllm", "e1", method="sps", tokens=[1, 2], params=vllm),
+    ]
+    baselines = {"ar": "ar", "sps": "ar", "ar float16": "ar", "ar@vllm": "ar@vllm", "sps@vllm": "ar@vllm"}
+    run = run_info(labels=list(baselines), extra={"baselines": baselines})
+    return rows, run
+
+
+def test_engine_summary_names_each_engines_main_label_and_compares_their_ar():
+    rows, run = _two_engines()
+    summary = metrics.summarize(rows, run, resamples=0)
+    assert summary["engines"] == {
+        "engines": ["hf", "vllm"],
+        "methods": {"ar": {"hf": "ar", "vllm": "ar@vllm"}, "sps": {"hf": "sps", "vllm": "sps@vllm"}},
+        "ar_match": {"vllm": {"matched": 1, "compared": 2}},
+    }
+    assert summary["concurrency"] is None
+    hf_only = [r for r in rows if "@" not in r.label]
+    run_hf = run_info(labels=["ar", "sps", "ar float16"], extra={"baselines": {}})
+    assert metrics.summarize(hf_only, run_hf, resamples=0)["engines"] is None
+    vllm_only = [r for r in rows if "@" in r.label]
+    out = metrics.engine_summary(vllm_only, {"ar@vllm": {"method": "ar", "params": {"engine": "vllm"}}}, str)
+    assert out == {"engines": ["vllm"], "methods": {"ar": {"vllm": "ar@vllm"}}, "ar_match": {}}
+    # A label that has no baseline is left out of the table.
+    variants = {"x": {"method": "ar", "params": {"engine": "vllm"}}, "y": {"method": "pld", "params": {}}}
+    assert metrics.engine_summary([], variants, lambda label: None if label == "y" else "x")["methods"] == {
+        "ar": {"vllm": "x"}
+    }
+
+
+def _level(label, level, share, accepted=0, drafted=0, tpots=None):
+    rows = []
+    for i in range(level):
+        r = rec(metrics.level_label(label, level), f"e{i}", method=label.split("@")[0])
+        r.new_tokens, r.total_s, r.accepted, r.drafted, r.rounds = 10, share, accepted, drafted, 10 - accepted
+        r.params = {"tpot_s": (tpots or [0.02] * level)[i]}
+        rows.append(r)
+    return rows
+
+
+def test_a_concurrency_run_is_summarised_level_by_level_with_its_prediction():
+    rows = _level("ar@vllm", 1, 1.0) + _level("ar@vllm", 2, 1.0) + _level("sps@vllm", 1, 0.5, 5, 10)
+    rows += _level("sps@vllm", 2, 2.0, 5, 10, [0.01, 0.03])
+    curve = {"sizes": [1, 2, 4, 8], "contexts": [0, 100], "ms": [[10, 10, 20, 40], [10, 10, 20, 40]]}
+    draft = {"sizes": [1, 2, 4], "contexts": [0, 100], "ms": [[1, 2, 4], [1, 2, 4]]}
+    extra = {
+        "concurrency_baseline": "ar@vllm",
+        "cost_curves": {"target": curve, "draft": draft, "context": 50, "draft_labels": {"sps@vllm": True}},
+    }
+    run = run_info(labels=sorted({r.label for r in rows}), extra=extra)
+    summary = metrics.summarize(rows, run, resamples=0)
+    assert summary["engines"] is None
+    data = summary["concurrency"]
+    assert data["baseline"] == "ar@vllm"
+    one, two = data["levels"]["sps@vllm"]["1"], data["levels"]["sps@vllm"]["2"]  # JSON keys
+    assert one["tokens_per_s"] == pytest.approx(20.0) and one["speedup"] == pytest.approx(2.0)
+    assert two["tokens_per_s"] == pytest.approx(5.0) and two["speedup"] == pytest.approx(0.5)
+    assert two["tpot_ms_median"] == pytest.approx(20.0) and two["tpot_ms_p90"] == pytest.approx(28.0)
+    assert one["acceptance_rate"] == pytest.approx(0.5) and one["verified_per_step"] == pytest.approx(3.0)
+    assert data["pays"] == {"sps@vllm": {"beats_up_to": 1, "stops_at": 2}}
+    # c = 1: 2 tokens a step; a pass of 3 tokens (15 ms) plus 2 draft passes of 1 token (1 ms each).
+    assert one["predicted_speedup"] == pytest.approx(2 * 10 / (15 + 2 * 1))
+    # c = 2: a pass of 6 tokens (30 ms) plus 2 draft passes of 2 tokens (2 ms each), against 10 ms.
+    assert two["predicted_speedup"] == pytest.approx(2 * 10 / (30 + 2 * 2))
+    assert "predicted_speedup" not in data["levels"]["ar@vllm"]["1"]
+    # Without cost curves there is no prediction; without a draft curve the draft costs nothing.
+    plain = metrics.summarize(
+        rows, run_info(labels=run.labels, extra={"concurrency_baseline": "ar@vllm"}), resamples=0
+    )
+    assert "predicted_speedup" not in plain["concurrency"]["levels"]["sps@vllm"]["1"]
+    extra["cost_curves"] = {**extra["cost_curves"], "draft": None}
+    no_draft = metrics.summarize(rows, run_info(labels=run.labels, extra=extra), resamples=0)
+    assert no_draft["concurrency"]["levels"]["sps@vllm"]["1"]["predicted_speedup"] == pytest.approx(
+        2 * 10 / 15
+    )
+
+
+def test_level_summary_edges():
+    rows = _level("ar@vllm", 1, 1.0) + _level("pld@vllm", 1, 2.0) + _level("pld@vllm", 3, 1.0)
+    data = metrics.level_summary(rows + [rec("not a level")], "ar@vllm")
+    assert set(data["levels"]) == {"ar@vllm", "pld@vllm"}
+    assert data["levels"]["pld@vllm"][1]["speedup"] == pytest.approx(0.5)
+    assert data["levels"]["pld@vllm"][3]["speedup"] is None  # no ar at that level
+    assert data["levels"]["pld@vllm"][1]["acceptance_rate"] is None
+    assert data["levels"]["pld@vllm"][3]["tpot_ms_p90"] == pytest.approx(20.0)
+    assert data["pays"] == {"pld@vllm": {"beats_up_to": None, "stops_at": 1}}
+    winner = _level("ar@vllm", 1, 1.0) + _level("pld@vllm", 1, 0.5)
+    assert metrics.level_summary(winner, "ar@vllm")["pays"]["pld@vllm"] == {
+        "beats_up_to": 1,
+        "stops_at": None,
+    }
+    assert metrics._quantile([1.0], 0.9) == 1.0
+    assert metrics._quantile([0.0, 10.0], 0.9) == pytest.approx(9.0)
+    assert metrics._quantile([0.0, 10.0, 20.0], 0.5) == pytest.approx(10.0)
