@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from draftlab.bench.runner import Variant, check_contexts
+from draftlab.cli import engines as engine_cli
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
@@ -15,16 +16,6 @@ from draftlab.cli.common import (
     model_names,
     sampling_from,
     threshold,
-)
-from draftlab.cli.engines import (
-    add_engine_args,
-    check_engine_args,
-    check_methods,
-    closing,
-    engines_of,
-    load_shells,
-    vllm_dtype,
-    vllm_variants,
 )
 from draftlab.cli.run_setup import (
     add_run_command_args,
@@ -65,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
     p.add_argument("--concurrency", default="1,4,16,64", help="concurrency: requests submitted at once")
     p.add_argument("--methods", default="ar,pld,sps", help="concurrency: the methods (ar is always run)")
-    add_engine_args(p)
+    engine_cli.add_engine_args(p)
     add_run_command_args(p, run, lambda args: "ablation" if args.kind == "ablation" else f"sweep-{args.kind}")
 
 
@@ -206,7 +197,7 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
 
 def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     """Each method with 1, 4, 16, ... requests submitted at once, through a batching engine."""
-    engines = engines_of(args)
+    engines = engine_cli.engines_of(args)
     if engines != ["vllm"]:
         raise DraftlabError(
             "sweep concurrency needs --engine vllm: the hf engine decodes one request at a time"
@@ -220,13 +211,13 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
         method_spec(m)
     if "ar" not in methods:
         methods.insert(0, "ar")
-    check_methods(methods, engines)
-    check_engine_args(args, engines)
+    engine_cli.check_methods(methods, engines)
+    engine_cli.check_engine_args(args, engines)
     configs = {m: decoder_config(args, m) for m in methods}
     need_draft = any(c.needs_draft for c in configs.values())
-    target, draft = load_shells(args, need_draft)
-    dtype = vllm_dtype(args, target, hf_ran=False)
-    variants, pool = vllm_variants(
+    target, draft = engine_cli.load_shells(args, need_draft)
+    dtype = engine_cli.vllm_dtype(args, target, hf_ran=False)
+    variants, pool = engine_cli.vllm_variants(
         args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
     )
     extra = {
@@ -238,7 +229,7 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
     curves = cost_curves(target, draft, pool.dtype, examples, args, variants)
     if curves:
         extra["cost_curves"] = curves
-    with closing(pool):
+    with engine_cli.closing(pool):
         return execute(args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels)
 
 
