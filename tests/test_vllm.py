@@ -184,3 +184,21 @@ def test_a_bad_engine_argument_is_one_line_and_exit_2(tmp_path, capsys, arg, nam
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err, err
     assert not (tmp_path / "bad").exists()
+
+
+def test_rotating_blocks_when_one_llm_at_a_time_fits(tmp_path):
+    """--vllm-alive 1: each method's LLM is built for its block and shut down for the next one."""
+    out = tmp_path / "blocks"
+    argv = ["bench", "--engine", "vllm", "--methods", "ar,pld", "--subtasks", "qa,rag", "--limit", "1"]
+    argv += [*COMMON, "--max-new-tokens", "16", "--vllm-alive", "1", "--vllm-block", "1", "--out", str(out)]
+    assert main(argv) == 0
+    rows = records(out)
+    # A B A B: ar and pld alternate block by block, each block on a freshly built LLM.
+    assert [(r["label"], r["example_id"]) for r in rows] == [
+        ("ar@vllm", "qa-01"),
+        ("pld@vllm", "qa-01"),
+        ("ar@vllm", "rag-01"),
+        ("pld@vllm", "rag-01"),
+    ]
+    assert [r["greedy_match"] for r in rows if r["label"] == "pld@vllm"] == [True, True]
+    assert json.loads((out / "run.json").read_text())["extra"]["interleaving"] == "blocks of 1"
