@@ -772,14 +772,9 @@ def predicted_concurrency_speedup(
             m["predicted_speedup"] = per_step * plain / cost
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """The q-quantile with linear interpolation between order statistics."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    low = int(pos)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile, linear between order statistics (numpy's default, as the bootstrap uses)."""
+    return float(np.quantile(values, q))
 
 
 def _concurrency(records: Sequence[Record], run: RunInfo) -> dict | None:
