@@ -100,3 +100,21 @@ def test_generate_prints_text_and_json(capsys, models):
     assert record["method"] == "sps" and len(record["tokens"]) <= 5
     assert record["stats"]["new_tokens"] == len(record["tokens"])
     assert main(gen(models, "--method", "pld", "--max-new-tokens", "5", "--chat")) == 0
+
+
+def test_a_bug_is_one_line_with_its_traceback_kept(models, capsys, tmp_path, monkeypatch):
+    """An unexpected exception (a bug, not bad input) never shows the user a traceback: one line,
+    exit code 1, and the traceback saved under the draftlab home for a report."""
+    import draftlab.decode.methods as methods
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'share'")
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(methods, "build_decoder", broken)
+    monkeypatch.setattr("draftlab.cli.generate.build_decoder", broken, raising=False)
+    assert main(gen(models, "--method", "ar", "--max-new-tokens", "2")) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftlab: internal error: AttributeError") and "\n" not in err, err
+    assert "Traceback" not in err and str(tmp_path / "home" / "last-error.txt") in err
+    assert "Traceback" in (tmp_path / "home" / "last-error.txt").read_text()

@@ -534,6 +534,7 @@ class FakeSizer:
     def observe_time(self, choice, ms):
         self.times.append(ms)
         self.log.append(("time", choice.k, ms > 0))
+        return choice.cost_ms  # what the profile predicted for the round
 
     def observe_propose_time(self, ms):
         self.propose_times.append(ms)
@@ -657,6 +658,7 @@ class FakeTreeSizer(TreeSizer):
 
     def observe_time(self, choice, ms):
         self.log.append(("time", choice.k))
+        return choice.cost_ms
 
     def observe(self, *args, **kwargs):  # chains only: trees learn node by node
         raise AssertionError("a tree round must not call observe()")

@@ -1065,3 +1065,37 @@ def test_level_summary_edges():
     assert metrics._quantile([1.0], 0.9) == 1.0
     assert metrics._quantile([0.0, 10.0], 0.9) == pytest.approx(9.0)
     assert metrics._quantile([0.0, 10.0, 20.0], 0.5) == pytest.approx(10.0)
+
+
+# --- profile fit -------------------------------------------------------------------------------------
+
+
+def _fit_summary(timed: int, profiled: float, measured: float) -> dict:
+    records = [
+        rec("ar", method="ar"),
+        rec(
+            "pld",
+            method="pld",
+            k_counts=[5, 5],
+            timed_rounds=timed,
+            profiled_ms=profiled,
+            measured_ms=measured,
+        ),
+    ]
+    return metrics.summarize(records, run_info(baseline="ar", labels=["ar", "pld"]))
+
+
+def test_a_profile_off_by_over_a_quarter_over_many_rounds_is_named_stale():
+    from draftlab.bench.report import warnings
+
+    summary = _fit_summary(200, 1000.0, 1300.0)
+    assert summary["overall"]["pld"]["profile_fit"] == pytest.approx(1.3)
+    assert summary["overall"]["pld"]["timed_rounds"] == 200
+    notes = [n for n in warnings(summary) if "profile --refresh" in n]
+    assert len(notes) == 1 and "pld 1.30×" in notes[0]
+    # Faster than the profile says counts the same.
+    assert any("pld 0.70×" in n for n in warnings(_fit_summary(200, 1000.0, 700.0)))
+    # Within 25%, or over too few rounds to tell: no warning.
+    assert not [n for n in warnings(_fit_summary(200, 1000.0, 1240.0)) if "refresh" in n]
+    assert not [n for n in warnings(_fit_summary(99, 1000.0, 2000.0)) if "refresh" in n]
+    assert _fit_summary(0, 0.0, 0.0)["overall"]["pld"]["profile_fit"] is None

@@ -33,9 +33,15 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Float32 probabilities after temperature, top-k and top-p, row-wise over [..., V]."""
-    logits = logits.float() / params.temperature
+def warp_probs(
+    logits: torch.Tensor, params: SamplingParams, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p, row-wise over [..., V].
+
+    Float32 while decoding; the exactness law asks for float64, so that a cell that is zero in
+    exact arithmetic stays within float64's rounding of zero on every CPU.
+    """
+    logits = logits.to(dtype) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -215,8 +215,14 @@ def sizing(records: Sequence[Record]) -> dict:
     for r in records:
         if r.dtype:
             dtypes[r.dtype] = dtypes.get(r.dtype, 0) + 1
+    timed = sum(r.timed_rounds for r in records)
     return {
         "dtypes": dtypes,  # generations per target dtype (a routed method may use several)
+        # Σ measured round ms / Σ ms the cached profile predicted for those rounds
+        "profile_fit": ratio(sum(r.measured_ms for r in records), sum(r.profiled_ms for r in records))
+        if timed
+        else None,
+        "timed_rounds": timed,
         "k_counts": counts,
         "k0_share": ratio(counts[0], rounds) if counts else None,
         "mean_k": ratio(sum(k * n for k, n in enumerate(counts)), rounds) if counts else None,

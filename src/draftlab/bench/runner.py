@@ -247,13 +247,16 @@ def _seeded(params: SamplingParams, example_id: str, turn: int, repeat: int) -> 
     return SamplingParams(params.temperature, params.top_k, params.top_p, mixed)
 
 
+WARMUP_TOKENS = 16
+
+
 def _warm_up(plan: BenchPlan) -> None:
     """Untimed runs first: the first calls pay for allocations and lazy initialisation."""
     example = plan.examples[0]
     for variant in plan.variants:
         ids = encode_prompt(variant.target, example.turns[0], chat=plan.chat)
         for _ in range(plan.warmup):
-            variant.decoder.generate(ids, min(plan.max_new_tokens, 16), variant.sampling)
+            variant.decoder.generate(ids, min(plan.max_new_tokens, WARMUP_TOKENS), variant.sampling)
 
 
 def to_record(

@@ -56,6 +56,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("draftlab: interrupted; results written so far are kept (rerun with --resume)", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line for the user, the traceback kept
+        where = _save_traceback()
+        print(
+            f"draftlab: internal error: {type(exc).__name__}: {exc} (a bug in draftlab; results written so "
+            f"far are kept, and the traceback is in {where})",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _save_traceback() -> str:
+    """Write the current exception's traceback under the draftlab home; returns where."""
+    import traceback
+
+    from draftlab.models.cache import home
+
+    text = traceback.format_exc()
+    try:
+        path = home() / "last-error.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return str(path)
+    except OSError:
+        return "(not saved: the draftlab home is not writable)"
 
 
 if __name__ == "__main__":

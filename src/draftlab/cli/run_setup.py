@@ -60,14 +60,32 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"comma-separated subtasks (default: all; builtin: {', '.join(SUBTASKS)})",
     )
-    g.add_argument("--limit", type=int, default=2, help="prompts per subtask (default 2)")
-    g.add_argument("--full", action="store_true", help="every prompt of the suite (ignores --limit)")
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help=f"prompts per subtask (default {DEFAULT_LIMIT}; bench: fewer, down to 1, where the cost "
+        "profile predicts the default run past its time budget)",
+    )
+    g.add_argument(
+        "--full",
+        action="store_true",
+        help="every prompt of the suite (ignores --limit), and for bench every method and dtype, "
+        "whatever the time budget",
+    )
     g.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     g.add_argument("--hf-field", default="text", help="hf suites: the text field")
     g.add_argument("--hf-subtask", default="summarization", help="hf suites: the subtask name")
     g.add_argument(
         "--hf-instruction", default="Summarize the following article.\n\n{text}", help="hf suites: template"
     )
+
+
+DEFAULT_LIMIT = 2
+
+
+def prompt_limit(args: argparse.Namespace) -> int:
+    return DEFAULT_LIMIT if args.limit is None else args.limit
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -135,7 +153,7 @@ def suite_examples(args: argparse.Namespace):
     return load_suite(
         args.suite,
         subtasks,
-        None if args.full else args.limit,
+        None if args.full else prompt_limit(args),
         hf_field=args.hf_field,
         hf_subtask=args.hf_subtask,
         hf_instruction=args.hf_instruction,

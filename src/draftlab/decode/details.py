@@ -19,6 +19,11 @@ class RoundDetails:
     predicted_tokens: float = 0.0
     predicted_ms: float = 0.0
     predicted_plain_ms: float = 0.0
+    # Rounds after the first, timed: Σ ms the cached profile alone predicted for them and Σ ms they
+    # took. A ratio far from 1 over many rounds means the profile no longer fits this machine.
+    timed_rounds: int = 0
+    profiled_ms: float = 0.0
+    measured_ms: float = 0.0
     # Token trees: rounds that verified a tree, Σ nodes verified in them, and rounds whose accepted
     # path went through a node that is not its parent's first child; why a tree method ran chains
     # (no 4D-mask support), and what its proposer reports (SuffixDecoding: earlier outputs used).

@@ -79,6 +79,12 @@ class GenerationStats(RoundDetails):
         self.predicted_ms += cost_ms
         self.predicted_plain_ms += tokens * plain_ms
 
+    def record_timing(self, profiled_ms: float, measured_ms: float) -> None:
+        if profiled_ms > 0:
+            self.timed_rounds += 1
+            self.profiled_ms += profiled_ms
+            self.measured_ms += measured_ms
+
     def to_dict(self) -> dict:
         out = asdict(self)
         for name in ("total_s", "acceptance_rate", "mean_accepted_length", "draft_share", "tokens_per_s"):
@@ -225,7 +231,8 @@ class SpeculativeDecoder:
             proposer.rollback(len(sequence) - 1)
             if sizer is not None and choice is not None and t_first is not None:
                 # Round 1 is the prefill, whose cost the decode curve does not predict.
-                sizer.observe_time(choice, (time.perf_counter() - t_propose) * 1000)
+                measured = (time.perf_counter() - t_propose) * 1000
+                stats.record_timing(sizer.observe_time(choice, measured), measured)
             if t_first is None:
                 t_first = synchronized_clock(devices)
                 stats.prefill_s = t_first - t0

@@ -418,7 +418,22 @@ def build_decoder(
     decoders = {target.spec.dtype: main}
     for other, other_cost in alternatives:
         decoder = spec.build(config, other, draft, other_cost)
+        if not routable(main, decoder):
+            continue
         decoder.sizer.share(main.sizer.evidence)
         decoder.proposer.share(main.proposer)
         decoders[other.spec.dtype] = decoder
-    return DtypeRouter(decoders)
+    return DtypeRouter(decoders) if len(decoders) > 1 else main
+
+
+def routable(main, other) -> bool:
+    """Whether `other` (the method in another dtype) may take generations from `main`.
+
+    Both must size rounds from a cost model, and decode the same way: a copy that fell back from
+    trees to chains (its dtype failed the tree check) would run another method under the same label.
+    """
+    return (
+        other.sizer is not None
+        and type(other.sizer) is type(main.sizer)
+        and getattr(other, "trees", None) == getattr(main, "trees", None)
+    )

@@ -275,15 +275,20 @@ class RoundSizer:
                 return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
         return Choice(k, tokens, cost, plain)
 
-    def observe_time(self, choice: Choice, measured_ms: float) -> None:
-        """Correct the profile by what rounds of this kind really took in this run."""
-        if choice.cost_ms <= 0 or not self.calibrate:
-            return
+    def observe_time(self, choice: Choice, measured_ms: float) -> float:
+        """Correct the profile by what rounds of this kind really took in this run; returns what the
+        profile alone predicted for the round (ms), so that a run can tell a stale profile."""
+        if choice.cost_ms <= 0:
+            return 0.0
         speculative = choice.k > 0
-        ratio = measured_ms / (choice.cost_ms / self.calibration[speculative])
+        profiled = choice.cost_ms / self.calibration[speculative]
+        if not self.calibrate:
+            return profiled
+        ratio = measured_ms / profiled
         ratio = min(max(ratio, 0.25), 4.0)  # one stalled round (a page fault, a GC pause) must not steer
         old = self.calibration[speculative]
         self.calibration[speculative] = old + CALIBRATION_SMOOTHING * (ratio - old)
+        return profiled
 
     def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
         if drafted <= 0:

@@ -143,6 +143,18 @@ class TwoTokenLaw:
         return len(self.cells) - len(self.pooled) + (1 if self.pooled else 0) - 1
 
 
+def _remainder(listed: torch.Tensor, vocab: int) -> float:
+    """1 − Σ listed probabilities, with rounding noise taken as the zero it is.
+
+    The probabilities are a float64 softmax over `vocab` logits: each carries a relative error of
+    a few eps and their sum a further `vocab`·eps at most (Higham's bound for a recursive sum), so a
+    remainder within 2·vocab·eps of zero cannot be told from zero and would otherwise become a
+    cell that nothing can land in. Float64 keeps that bound far below any cell that matters.
+    """
+    rest = 1.0 - float(listed.sum()) if listed.numel() else 1.0
+    return rest if rest > 2 * vocab * torch.finfo(listed.dtype).eps else 0.0
+
+
 def two_token_law(
     lm: LoadedModel,
     prompt_ids: list[int],
@@ -155,12 +167,12 @@ def two_token_law(
     threshold = min_expected / samples
     eos = set(lm.eos_token_ids)
     first_logits, _ = next_token_logits(lm, prompt_ids, [])
-    p1 = warp_probs(first_logits, params).double().cpu()
+    p1 = warp_probs(first_logits, params, torch.float64).cpu()
     order = torch.argsort(p1, descending=True)
     firsts = [int(a) for a in order[:max_first] if p1[a] >= threshold]
     continuing = [a for a in firsts if a not in eos]
     _, second_logits = next_token_logits(lm, prompt_ids, continuing)
-    p2 = warp_probs(second_logits, params).double().cpu() if continuing else None
+    p2 = warp_probs(second_logits, params, torch.float64).cpu() if continuing else None
     cells: list[Pair] = []
     probs: list[float] = []
     row_of = {a: i for i, a in enumerate(continuing)}
@@ -176,11 +188,10 @@ def two_token_law(
         for b in listed:
             cells.append((a, int(b)))
             probs.append(pa * float(row[b]))
-        rest = 1.0 - float(row[listed].sum()) if listed else 1.0
         cells.append((a, OTHER))
-        probs.append(max(0.0, pa * rest))
+        probs.append(pa * _remainder(row[listed], len(row)))
     cells.append((OTHER, OTHER))
-    probs.append(max(0.0, 1.0 - float(p1[firsts].sum())) if firsts else 1.0)
+    probs.append(_remainder(p1[firsts], len(p1)))
     arr = np.array(probs)
     arr = arr / arr.sum()
     pooled = [i for i, p in enumerate(arr) if p * samples < min_expected]
