@@ -51,6 +51,7 @@ def last_line(capsys) -> str:
     return capsys.readouterr().out.strip().splitlines()[-1]
 
 
+@pytest.mark.statistical
 def test_audit_passes_on_a_real_pair_with_power(pair, capsys, tmp_path):
     out = tmp_path / "audit.json"
     methods = ["--methods", "sps,pld,sps-tree"]  # a tree method too: the multi-draft rule is audited
@@ -133,6 +134,7 @@ def test_a_sampling_defect_fails_the_audit(pair, capsys, monkeypatch, tmp_path):
     assert result["power"]["shown"]
 
 
+@pytest.mark.statistical
 def test_a_sampling_defect_in_bfloat16_is_confirmed_in_float32(pair, capsys, monkeypatch, tmp_path):
     inject(monkeypatch, "broken-sampling", SwappedResidualRule())
     out = tmp_path / "audit.json"

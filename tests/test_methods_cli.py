@@ -100,8 +100,10 @@ def test_bench_with_dtype_auto_records_its_choice(tiny_pair, tmp_path, capsys):
     choice = run["extra"]["dtype_choice"]
     assert choice["dtype"] in ("float32", "bfloat16", "float16") and "predicted" in choice["reason"]
     assert run["extra"]["sizing"] == "cost-aware"
-    assert run["extra"]["hardware"]["kind"] == "cpu"
-    assert "dtype chosen:" in (out / "report.md").read_text()
+    hw = run["extra"]["hardware"]
+    assert hw["kind"] == "cpu" and hw["cpu_id"] and set(hw["isa_flags"]) <= set(hw["cpu_flags"])
+    report = (out / "report.md").read_text()
+    assert "dtype chosen:" in report and f"({hw['cpu_id']})" in report
     records = read_records(out / "results.jsonl")
     sized = [r for r in records if r.method in ("sps", "pld")]
     assert all(sum(r.k_counts) == r.rounds for r in sized)

@@ -92,6 +92,7 @@ def _decoder(target, draft, rule):
     )
 
 
+@pytest.mark.statistical
 def test_sps_samples_follow_the_target_distribution(pair):
     target, draft = pair
     counts, acceptance = sample_counts(_decoder(target, draft, SpeculativeRule()))
@@ -99,6 +100,7 @@ def test_sps_samples_follow_the_target_distribution(pair):
     assert chi_square_p(target, counts) > FALSE_FAILURE
 
 
+@pytest.mark.statistical
 def test_the_chi_square_test_rejects_a_wrong_rule(pair):
     target, draft = pair
     counts, _ = sample_counts(_decoder(target, draft, ResampleFromTargetRule()))
@@ -166,6 +168,7 @@ class _CountingProposer(DraftModelProposer):
         return proposal
 
 
+@pytest.mark.statistical
 def test_sps_with_an_early_stop_is_still_exact(pair):
     """Stopping the draft on its own low confidence changes how much is drafted, not the output law."""
     target, draft = pair
@@ -180,6 +183,7 @@ def test_sps_with_an_early_stop_is_still_exact(pair):
     assert chi_square_p(target, counts) > FALSE_FAILURE
 
 
+@pytest.mark.statistical
 def test_cost_aware_sizing_is_still_exact(pair):
     """k chosen per round from costs and past acceptance (k = 0 included) leaves the output law intact."""
     from draftlab.decode.sizing import CostModel, RoundSizer

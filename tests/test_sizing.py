@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -102,12 +103,21 @@ def test_profile_is_cached_and_a_foreign_one_is_remeasured(tiny_pair, monkeypatc
     # Another machine's (or thread count's) profile in the same file is not used.
     path = profile_path(lm)
     data = json.loads(path.read_text())
-    data["fingerprint"]["hardware"]["name"] = "some other CPU"
-    path.write_text(json.dumps(data))
-    assert load_cached(lm) is None
+    for field, other in (
+        ("name", "some other CPU"),
+        ("cpu_id", "AuthenticAMD family 25 model 1"),
+        ("cpu_flags", ["avx2"]),
+    ):
+        changed = json.loads(json.dumps(data))
+        changed["fingerprint"]["hardware"][field] = other
+        path.write_text(json.dumps(changed))
+        assert load_cached(lm) is None, field
+    assert data["fingerprint"]["hardware"]["cpu_id"]  # the identity is recorded, not left empty
     assert load_or_measure(lm, repeats=1)[1] is True
     # A kernel-selecting environment variable changes the key: the old profile does not apply.
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    # (Another value than the one this run has: the suite also runs under AVX2 kernel ceilings.)
+    other = "AVX2" if os.environ.get("ONEDNN_MAX_CPU_ISA") != "AVX2" else "SSE41"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", other)
     assert load_cached(lm) is None
 
 
@@ -205,3 +215,23 @@ def test_the_router_runs_each_generation_in_the_dtype_predicted_fastest(tiny_pai
     )
     assert router.choose(900, 64) == "bfloat16"
     assert router.choose(20, 64) == "float32"
+
+
+@pytest.mark.parametrize(
+    ("env", "left"),
+    [
+        ({}, ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}, ["avx2"]),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, ["avx2", "avx512f", "avx512_bf16"]),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, ["avx2", "avx512f"]),
+        ({"ATEN_CPU_CAPABILITY": "default"}, []),
+    ],
+)
+def test_kernel_ceilings_hide_the_newer_isa_from_the_record(monkeypatch, env, left):
+    from draftlab.models.profile import effective_isa
+
+    for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert effective_isa(["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]) == left

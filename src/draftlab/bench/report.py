@@ -774,7 +774,10 @@ def run_lines(summary: dict) -> list[str]:
     hw = extra.pop("hardware", None)
     if hw:
         details = hw.get("isa_flags") if hw.get("kind") == "cpu" else [f"compute {hw.get('capability')}"]
-        lines.append(f"hardware: {hw.get('name')} · {', '.join(details or []) or 'no listed ISA flags'}")
+        ident = f" ({hw['cpu_id']})" if hw.get("cpu_id") else ""
+        lines.append(
+            f"hardware: {hw.get('name')}{ident} · {', '.join(details or []) or 'no listed ISA flags'}"
+        )
     choice = extra.pop("dtype_choice", None)
     if choice:
         lines.append(f"dtype chosen: {choice['dtype']}, because {choice['reason']}")

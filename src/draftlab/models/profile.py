@@ -25,7 +25,7 @@ from draftlab.files import write_text
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import LoadedModel
 
-PROFILE_SCHEMA = 3
+PROFILE_SCHEMA = 4
 # The ISA features that decide how a CPU multiplies bfloat16 / float16 matrices.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 # Environment variables that change which kernels torch picks (and so what a pass costs).
@@ -35,21 +35,39 @@ FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 QUICK_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def _cpu_model_and_flags() -> tuple[str, list[str]]:
+def _cpu_model_and_flags() -> tuple[str, str, list[str]]:
+    """Model name, identity and ISA flags of the first CPU listed in /proc/cpuinfo.
+
+    The identity (vendor, family, model) matters because virtual machines often report a generic
+    name ("AMD EPYC Processor") for CPUs as different as Zen3 and Zen4."""
     name, flags = platform.processor() or platform.machine(), []
+    ident: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return name, flags
+        return name, "", flags
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and value.strip():
-            name = value.strip()
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value and name != value:
+            name = value
+        elif key in ("vendor_id", "cpu family", "model") and key not in ident:
+            ident[key] = value
         elif key in ("flags", "Features") and not flags:
             present = set(value.split())
             flags = [f for f in ISA_FLAGS if f in present]
-    return name, flags
+        elif not line.strip() and ident:
+            break  # the first processor's block is enough
+    cpu_id = " ".join(
+        part
+        for part in (
+            ident.get("vendor_id", ""),
+            f"family {ident['cpu family']}" if "cpu family" in ident else "",
+            f"model {ident['model']}" if "model" in ident else "",
+        )
+        if part
+    )
+    return name, cpu_id, flags
 
 
 def hardware(device: torch.device | str) -> dict:
@@ -65,23 +83,43 @@ def hardware(device: torch.device | str) -> dict:
             "memory_gib": round(props.total_memory / 2**30, 1),
             "bf16": bool(torch.cuda.is_bf16_supported()),
         }
-    name, flags = _cpu_model_and_flags()
+    name, cpu_id, flags = _cpu_model_and_flags()
     return {
         "kind": "cpu",
         "name": name,
+        "cpu_id": cpu_id,
         "isa_flags": effective_isa(flags),
         "cpu_flags": flags,
         "cores": os.cpu_count(),
     }
 
 
+# What each ONEDNN_MAX_CPU_ISA ceiling still lets oneDNN use, of the flags above.
+_ONEDNN_CEILINGS = {
+    "AVX2": {"avx2"},
+    "AVX2_VNNI": {"avx2"},
+    "AVX512_CORE": {"avx2", "avx512f"},
+    "AVX512_CORE_VNNI": {"avx2", "avx512f"},
+    "AVX512_CORE_BF16": {"avx2", "avx512f", "avx512_bf16"},
+    "AVX512_CORE_FP16": {"avx2", "avx512f", "avx512_bf16", "avx512_fp16"},
+    "AVX512_CORE_AMX": {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"},
+}
+
+
 def effective_isa(flags: list[str]) -> list[str]:
     """The ISA flags torch may use: ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY can hide the newer ones."""
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
-    if onednn.startswith("AVX2") or aten in ("avx2", "default"):
-        return [f for f in flags if f == "avx2"]
-    return flags
+    allowed = set(flags)
+    if onednn in _ONEDNN_CEILINGS:
+        allowed &= _ONEDNN_CEILINGS[onednn]
+    elif onednn.startswith(("SSE", "AVX")) and not onednn.startswith("AVX512"):
+        allowed = set()  # SSE4.1 or AVX: older than anything listed
+    if aten == "default":
+        allowed = set()
+    elif aten == "avx2":
+        allowed &= {"avx2"}
+    return [f for f in flags if f in allowed]
 
 
 def supported_dtypes(device: torch.device | str) -> list[str]:
