@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from draftlab.bench import budget
-from draftlab.decode.sizing import CostModel
+from draftlab.bench.formatting import fmt_duration
+from draftlab.decode.cost import CostModel
 from draftlab.models.profile import CostCurve
 
 DRAFT = CostCurve([1, 2, 4, 8, 16], [64, 1024], [[4.0, 4.2, 4.5, 5.0, 6.0]] * 2, [16, 1024], [5.0, 60.0])
@@ -121,5 +122,5 @@ def test_never_fewer_than_one_prompt_per_subtask():
 
 
 def test_durations_read_as_minutes_and_seconds():
-    assert budget.duration(59.4) == "59 s"
-    assert budget.duration(272) == "4 min 32 s"
+    assert fmt_duration(59.4) == "59 s"
+    assert fmt_duration(272) == "4 min 32 s"

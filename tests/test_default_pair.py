@@ -56,5 +56,5 @@ def test_greedy_sps_and_pld_reproduce_ar_in_float32(pair):
             logits = draft.model(torch.tensor([ids + ar.tokens])).logits[0, len(ids) - 1 : -1]
         agree += int((logits.argmax(-1) == torch.tensor(ar.tokens)).sum())
         total += len(ar.tokens)
-    # The shipped draft agrees about 25% of the time (README); a broken or mismatched one ~0%.
+    # The shipped draft agrees about 25% of the time (docs/results.md); a broken or mismatched one ~0%.
     assert agree / total >= 0.15

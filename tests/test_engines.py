@@ -117,7 +117,7 @@ def test_concurrency_needs_a_batching_engine_and_other_sweeps_need_hf(tmp_path, 
 def test_concurrency_levels_are_batch_throughput_and_say_where_speculation_stops():
     from test_properties import record
 
-    from draftlab.bench.metrics import level_label, level_summary, predicted_concurrency_speedup
+    from draftlab.bench.concurrency_summary import level_label, level_summary, predicted_concurrency_speedup
 
     rows = []
     # ar: 1 request of 10 tokens in 1 s; 4 requests of 10 tokens in a 2 s batch (shares of 0.5 s).

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from draftlab.decode.loop import Generation, GenerationStats, SpeculativeDecoder
-from draftlab.decode.sizing import Choice, TreeSizer
+from draftlab.decode.round_sizer import Choice
+from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import QUIET, pair_args, write_suite
 
-from draftlab.bench import metrics
 from draftlab.bench.records import RunInfo, read_records
+from draftlab.bench.summary import summarize
 from draftlab.cli import build_parser, main
 from draftlab.decode.methods import DEFAULTS, REGISTRY, DecoderConfig, is_speculative
 
@@ -123,8 +123,8 @@ def test_vs_best_ar_compares_with_the_fastest_plain_decoding():
         for r in records
         if r.label == "ar"
     ]
-    before = metrics.summarize(records, run)
-    after = metrics.summarize(records + fast, dataclasses.replace(run, labels=[*run.labels, "ar float32"]))
+    before = summarize(records, run)
+    after = summarize(records + fast, dataclasses.replace(run, labels=[*run.labels, "ar float32"]))
     for label in ("sps", "pld"):
         assert before["overall"][label]["best_plain"] == "ar"
         assert before["overall"][label]["vs_best_ar"] == pytest.approx(before["overall"][label]["speedup"])

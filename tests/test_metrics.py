@@ -1,4 +1,5 @@
-"""metrics.py against figures computed by hand from tests/fixtures/run_small.
+"""The summary (bench/summary.py and the figure modules it draws on) against figures computed by
+hand from tests/fixtures/run_small.
 
 The fixture (13 records, subtasks qa and multi-turn, labels ar / sps / pld):
 
@@ -26,8 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.bench import metrics
+from draftlab.bench.group_metrics import bild_stats, group_metrics, predicted_speedup
+from draftlab.bench.rates import ratio, speedup
 from draftlab.bench.records import RunInfo, read_records
+from draftlab.bench.summary import summarize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small"
 
@@ -44,7 +47,7 @@ def run():
 
 @pytest.fixture(scope="module")
 def summary(records, run):
-    return metrics.summarize(records, run)
+    return summarize(records, run)
 
 
 def test_fixture_shape(records):
@@ -156,12 +159,12 @@ def test_predicted_speedup(summary):
 
 
 def test_predicted_speedup_formula_edges():
-    assert metrics.predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
-    assert metrics.predicted_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
-    assert metrics.predicted_speedup(0.5, 2, 0.0) == pytest.approx((1 - 0.125) / 0.5)
-    assert metrics.predicted_speedup(None, 4, 0.1) is None
-    assert metrics.predicted_speedup(0.5, None, 0.1) is None
-    assert metrics.predicted_speedup(0.5, 4, None) is None
+    assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
+    assert predicted_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    assert predicted_speedup(0.5, 2, 0.0) == pytest.approx((1 - 0.125) / 0.5)
+    assert predicted_speedup(None, 4, 0.1) is None
+    assert predicted_speedup(0.5, None, 0.1) is None
+    assert predicted_speedup(0.5, 4, None) is None
 
 
 def test_greedy_match_rate(summary):
@@ -188,9 +191,9 @@ def test_bild_and_prefill_figures(summary, records):
         for r in records
         if r.label == "sps"
     ]
-    stats = metrics.bild_stats(bild)
+    stats = bild_stats(bild)
     assert stats["fallbacks"] == 10
-    assert metrics.group_metrics(bild, [r for r in records if r.label == "ar"])["predicted_speedup"] is None
+    assert group_metrics(bild, [r for r in records if r.label == "ar"])["predicted_speedup"] is None
 
 
 def test_bootstrap_ci_contains_estimate_and_is_reproducible(records, run, summary):
@@ -198,15 +201,15 @@ def test_bootstrap_ci_contains_estimate_and_is_reproducible(records, run, summar
         m = summary["overall"][label]
         assert m["speedup_ci_low"] <= m["speedup"] <= m["speedup_ci_high"]
         assert m["decode_speedup_ci_low"] <= m["decode_speedup"] <= m["decode_speedup_ci_high"]
-    again = metrics.summarize(records, run)
+    again = summarize(records, run)
     assert json.dumps(again, sort_keys=True) == json.dumps(summary, sort_keys=True)
     sps = [r for r in records if r.label == "sps"]
     ar = [r for r in records if r.label == "ar"]
-    one = metrics.speedup(sps, ar, resamples=500, seed=7)
-    assert one == metrics.speedup(sps, ar, resamples=500, seed=7)
+    one = speedup(sps, ar, resamples=500, seed=7)
+    assert one == speedup(sps, ar, resamples=500, seed=7)
     assert one["speedup"] == pytest.approx(summary["overall"]["sps"]["speedup"])
     # A single matched key has no interval.
-    single = metrics.speedup([r for r in sps if r.example_id == "qa-1"], ar)
+    single = speedup([r for r in sps if r.example_id == "qa-1"], ar)
     assert single["matched_keys"] == 1 and single["speedup_ci_low"] is None
     assert single["speedup"] == pytest.approx((10 / 0.60) / (10 / 1.00))
 
@@ -219,11 +222,11 @@ def test_zero_denominators_give_none(records):
         for r in records
         if r.label == "sps"
     ]
-    m = metrics.group_metrics(zero, [r for r in records if r.label == "ar"])
+    m = group_metrics(zero, [r for r in records if r.label == "ar"])
     for name in ("tokens_per_s", "decode_tokens_per_s", "speedup", "decode_speedup", "mean_accepted_length"):
         assert m[name] is None, name
-    assert metrics.ratio(1.0, 0.0) is None
-    assert metrics.speedup(zero, [])["speedup"] is None
+    assert ratio(1.0, 0.0) is None
+    assert speedup(zero, [])["speedup"] is None
 
 
 def test_summary_is_strict_json(summary):
@@ -247,7 +250,7 @@ def test_sweeps_are_detected(records, run):
                     r, label="ar no-cache", params={"use_cache": False, "attn_implementation": "eager"}
                 )
             )
-    s = metrics.summarize(records + extra, run, resamples=200)
+    s = summarize(records + extra, run, resamples=200)
     assert [row["gamma"] for row in s["sweeps"]["draft_gamma"]] == [2, 4]
     assert {(row["label"], row["temperature"]) for row in s["sweeps"]["temperature"]} >= {("sps T=1", 1.0)}
     ablation = {row["label"]: row for row in s["sweeps"]["ablation"]}

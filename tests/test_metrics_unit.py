@@ -1,4 +1,6 @@
-"""metrics.py function by function, on hand-made records whose figures are easy to compute by hand."""
+"""The figure modules (bench/rates.py, group_metrics.py, labels.py, sweeps.py, engine_summary.py,
+concurrency_summary.py, summary.py) function by function, on hand-made records whose figures are
+easy to compute by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +9,34 @@ import math
 import numpy as np
 import pytest
 
-from draftlab.bench import metrics
+from draftlab.bench.concurrency_summary import _quantile, level_label, level_summary
+from draftlab.bench.engine_summary import engine_of, engine_summary
+from draftlab.bench.group_metrics import (
+    _elementwise_sum,
+    acceptance,
+    bild_stats,
+    cost_ratio,
+    draft_step_s,
+    greedy_match,
+    group_metrics,
+    predicted_speedup,
+    prefill_stats,
+    sizing,
+    target_step_s,
+    trees,
+)
+from draftlab.bench.labels import (
+    baseline_label,
+    group_by,
+    label_order,
+    subtask_order,
+    unique_value,
+    variant_info,
+)
+from draftlab.bench.rates import _bootstrap, _per_key, _rate_ratio, decode_tokens, ratio, speedup, throughput
 from draftlab.bench.records import Record, RunInfo
+from draftlab.bench.summary import SCHEMA_VERSION, add_vs_best_plain, json_safe, summarize
+from draftlab.bench.sweeps import _FALLBACK_KEYS, _ROW_FIELDS, _param, _row, _sort_key
 
 
 def rec(label="sps", example_id="e1", turn=0, repeat=0, **kw) -> Record:
@@ -56,13 +84,13 @@ def run_info(**kw) -> RunInfo:
 
 
 def test_ratio_and_decode_tokens():
-    assert metrics.ratio(3.0, 2.0) == 1.5
-    assert metrics.ratio(3.0, 0.0) is None
-    assert metrics.ratio(3.0, -1.0) is None
-    assert metrics.ratio(0.0, 2.0) == 0.0
-    assert metrics.decode_tokens(rec(new_tokens=10, first_tokens=3)) == 7
-    assert metrics.decode_tokens(rec(new_tokens=10)) == 9  # first_tokens defaults to 1
-    assert metrics.decode_tokens(rec(new_tokens=0, first_tokens=1)) == 0
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(3.0, 0.0) is None
+    assert ratio(3.0, -1.0) is None
+    assert ratio(0.0, 2.0) == 0.0
+    assert decode_tokens(rec(new_tokens=10, first_tokens=3)) == 7
+    assert decode_tokens(rec(new_tokens=10)) == 9  # first_tokens defaults to 1
+    assert decode_tokens(rec(new_tokens=0, first_tokens=1)) == 0
 
 
 def test_throughput_sums_before_dividing():
@@ -71,7 +99,7 @@ def test_throughput_sums_before_dividing():
         rec(example_id="b", new_tokens=2, total_s=3.0, decode_s=2.0, first_tokens=1),
         rec(example_id="a", turn=1, new_tokens=0, total_s=0.5, decode_s=0.0, first_tokens=0),
     ]
-    t = metrics.throughput(records)
+    t = throughput(records)
     assert t["n"] == 3 and t["examples"] == 2
     assert t["new_tokens"] == 12 and t["total_s"] == 4.5
     assert t["tokens_per_s"] == pytest.approx(12 / 4.5)
@@ -79,11 +107,9 @@ def test_throughput_sums_before_dividing():
     assert t["decode_s"] == pytest.approx(2.8)
     assert t["decode_tokens_per_s"] == pytest.approx(9 / 2.8)
     assert t["zero_time_records"] == 0
-    bad = metrics.throughput(
-        [rec(new_tokens=3, total_s=0.0), rec(new_tokens=0, total_s=0.0), rec(total_s=-1.0)]
-    )
+    bad = throughput([rec(new_tokens=3, total_s=0.0), rec(new_tokens=0, total_s=0.0), rec(total_s=-1.0)])
     assert bad["zero_time_records"] == 2
-    empty = metrics.throughput([])
+    empty = throughput([])
     assert empty["tokens_per_s"] is None and empty["n"] == 0 and empty["examples"] == 0
 
 
@@ -91,7 +117,7 @@ def test_throughput_sums_before_dividing():
 
 
 def test_per_key_sums_repeated_keys():
-    out = metrics._per_key(
+    out = _per_key(
         [
             rec(new_tokens=4, total_s=1.0, decode_s=0.5),
             rec(new_tokens=6, total_s=2.0, decode_s=1.5),
@@ -113,7 +139,7 @@ def test_speedup_matches_keys_and_divides_rates():
         rec("ar", example_id="b", new_tokens=10, total_s=2.0, decode_s=1.8),
         rec("ar", example_id="only-base"),
     ]
-    s = metrics.speedup(mine, base, resamples=300, seed=1)
+    s = speedup(mine, base, resamples=300, seed=1)
     assert s["matched_keys"] == 2
     assert s["speedup"] == pytest.approx((20 / 1.5) / (20 / 3.0))
     assert s["decode_speedup"] == pytest.approx((18 / 1.3) / (18 / 2.7))
@@ -131,16 +157,16 @@ def test_speedup_matches_keys_and_divides_rates():
     assert s["decode_speedup_ci_low"] < s["decode_speedup_ci_high"]
     # The interval spans the per-key values when they differ.
     mine[1] = rec(example_id="b", new_tokens=10, total_s=4.0, decode_s=3.6)
-    s = metrics.speedup(mine, base, resamples=2000, seed=0)
+    s = speedup(mine, base, resamples=2000, seed=0)
     assert s["speedup"] == pytest.approx((20 / 4.5) / (20 / 3.0))
     # Resamples [a, a] give 2, [b, b] 0.5, mixed ones 2/3: a quarter each way, so the 2.5th and
     # 97.5th percentiles are the extremes.
     assert s["speedup_ci_low"] == pytest.approx(0.5) and s["speedup_ci_high"] == pytest.approx(2.0)
     # No resamples: no interval.
-    s = metrics.speedup(mine, base, resamples=0)
+    s = speedup(mine, base, resamples=0)
     assert s["speedup"] is not None and s["speedup_ci_low"] is None and s["speedup_ci_high"] is None
     # No key in common.
-    s = metrics.speedup(mine[2:], base)
+    s = speedup(mine[2:], base)
     assert s == {
         "matched_keys": 0,
         "speedup": None,
@@ -155,14 +181,14 @@ def test_speedup_matches_keys_and_divides_rates():
 def test_rate_ratio_edges():
     m = np.array([[10.0, 1.0, 9.0, 0.9]])
     b = np.array([[10.0, 2.0, 9.0, 1.8]])
-    assert metrics._rate_ratio(m, b, 0, 1) == pytest.approx(2.0)
-    assert metrics._rate_ratio(m, b, 2, 3) == pytest.approx(2.0)
+    assert _rate_ratio(m, b, 0, 1) == pytest.approx(2.0)
+    assert _rate_ratio(m, b, 2, 3) == pytest.approx(2.0)
     zero_time = np.array([[10.0, 0.0, 9.0, 0.0]])
-    assert metrics._rate_ratio(zero_time, b, 0, 1) is None
-    assert metrics._rate_ratio(m, zero_time, 0, 1) is None
+    assert _rate_ratio(zero_time, b, 0, 1) is None
+    assert _rate_ratio(m, zero_time, 0, 1) is None
     no_tokens = np.array([[0.0, 2.0, 0.0, 1.8]])
-    assert metrics._rate_ratio(m, no_tokens, 0, 1) is None
-    assert metrics._rate_ratio(no_tokens, b, 0, 1) == 0.0
+    assert _rate_ratio(m, no_tokens, 0, 1) is None
+    assert _rate_ratio(no_tokens, b, 0, 1) == 0.0
 
 
 def test_bootstrap_skips_degenerate_resamples():
@@ -170,21 +196,21 @@ def test_bootstrap_skips_degenerate_resamples():
     b = np.array([[10.0, 2.0], [10.0, 2.0]])
     # Resamples: [0, 0] (speed-up 2), [1, 1] (no time: skipped), [0, 1] (20/1 over 20/4 = 4).
     index = np.array([[0, 0], [1, 1], [0, 1]])
-    low, high = metrics._bootstrap(m, b, 0, 1, index)
+    low, high = _bootstrap(m, b, 0, 1, index)
     assert (low, high) == pytest.approx(tuple(np.percentile([2.0, 4.0], [2.5, 97.5])))
-    assert metrics._bootstrap(m, b, 0, 1, np.array([[1, 1]])) is None
+    assert _bootstrap(m, b, 0, 1, np.array([[1, 1]])) is None
     # A baseline without tokens or time is skipped too.
     b0 = np.array([[0.0, 2.0], [10.0, 0.0]])
-    assert metrics._bootstrap(m, b0, 0, 1, np.array([[0, 0], [1, 1]])) is None
+    assert _bootstrap(m, b0, 0, 1, np.array([[0, 0], [1, 1]])) is None
 
 
 # --- acceptance ---------------------------------------------------------------------------------------
 
 
 def test_elementwise_sum():
-    assert metrics._elementwise_sum([[1, 2], [3], [0, 0, 5]]) == [4, 2, 5]
-    assert metrics._elementwise_sum([]) == []
-    assert metrics._elementwise_sum([[], [1]]) == [1]
+    assert _elementwise_sum([[1, 2], [3], [0, 0, 5]]) == [4, 2, 5]
+    assert _elementwise_sum([]) == []
+    assert _elementwise_sum([[], [1]]) == [1]
 
 
 def test_acceptance_figures():
@@ -210,7 +236,7 @@ def test_acceptance_figures():
             accepted_per_position=[2],
         ),
     ]
-    a = metrics.acceptance(records)
+    a = acceptance(records)
     assert (a["drafted"], a["accepted"], a["rollbacks"]) == (12, 8, 3)
     assert a["acceptance_rate"] == pytest.approx(8 / 12)
     assert a["alpha_hat"] == pytest.approx(8 / 11)
@@ -219,15 +245,13 @@ def test_acceptance_figures():
     assert a["drafted_per_position"] == [5, 5, 2]
     assert a["accepted_per_position"] == [4, 2, 1]
     assert a["acceptance_per_position"] == pytest.approx([0.8, 0.4, 0.5])
-    none = metrics.acceptance([rec(rounds=0, new_tokens=0)])
+    none = acceptance([rec(rounds=0, new_tokens=0)])
     assert (
         none["acceptance_rate"] is None and none["alpha_hat"] is None and none["mean_accepted_length"] is None
     )
     assert none["acceptance_per_position"] == []
     # Accepted positions beyond the drafted ones are cut; no rollback at all gives α̂ = 1.
-    odd = metrics.acceptance(
-        [rec(drafted=2, accepted=2, drafted_per_position=[2], accepted_per_position=[1, 1])]
-    )
+    odd = acceptance([rec(drafted=2, accepted=2, drafted_per_position=[2], accepted_per_position=[1, 1])])
     assert odd["accepted_per_position"] == [1] and odd["alpha_hat"] == 1.0
 
 
@@ -238,14 +262,14 @@ def test_sizing_figures():
         rec(dtype="float32"),
         rec(dtype=None),
     ]
-    s = metrics.sizing(records)
+    s = sizing(records)
     assert s["dtypes"] == {"float32": 2, "bfloat16": 1}
     assert s["k_counts"] == [2, 2, 3]
     assert s["k0_share"] == pytest.approx(2 / 7)
     assert s["mean_k"] == pytest.approx((0 * 2 + 1 * 2 + 2 * 3) / 7)
     assert s["probes"] == 3
     assert s["cost_predicted_speedup"] == pytest.approx(24 / 16)
-    plain = metrics.sizing([rec()])
+    plain = sizing([rec()])
     assert plain["k_counts"] == [] and plain["k0_share"] is None and plain["mean_k"] is None
     assert plain["cost_predicted_speedup"] is None and plain["dtypes"] == {}
 
@@ -267,13 +291,13 @@ def test_tree_figures():
         ),
         rec(tree_fallback="another", proposer_info=None),
     ]
-    t = metrics.trees(records)
+    t = trees(records)
     assert t["tree_rounds"] == 5
     assert t["nodes_per_round"] == 5.0
     assert t["branch_win_share"] == pytest.approx(0.4)
     assert t["tree_fallback"] == "another; no mask"
     assert t["earlier_outputs_used"] == {"x": 2, "y": 1}
-    empty = metrics.trees([rec()])
+    empty = trees([rec()])
     assert empty == {
         "tree_rounds": 0,
         "nodes_per_round": None,
@@ -293,22 +317,22 @@ def test_step_times_and_cost_ratio():
         rec("ar", decode_s=0.3, target_calls=4),
         rec("ar", decode_s=0.0, target_calls=0),
     ]
-    assert metrics.draft_step_s(records) == pytest.approx(0.02)
-    assert metrics.target_step_s(base) == pytest.approx(1.2 / 12)
-    assert metrics.cost_ratio(records, base) == pytest.approx(0.2)
-    assert metrics.cost_ratio([rec()], base) is None
-    assert metrics.cost_ratio(records, []) is None
-    assert metrics.target_step_s([rec("ar", target_calls=1)]) is None
+    assert draft_step_s(records) == pytest.approx(0.02)
+    assert target_step_s(base) == pytest.approx(1.2 / 12)
+    assert cost_ratio(records, base) == pytest.approx(0.2)
+    assert cost_ratio([rec()], base) is None
+    assert cost_ratio(records, []) is None
+    assert target_step_s([rec("ar", target_calls=1)]) is None
 
 
 def test_predicted_speedup():
-    assert metrics.predicted_speedup(0.5, 4, 0.1) == pytest.approx((1 - 0.5**5) / (0.5 * 1.4))
-    assert metrics.predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
-    assert metrics.predicted_speedup(1.2, 2, 0.0) == pytest.approx(3.0)
-    assert metrics.predicted_speedup(0.0, 3, 0.0) == pytest.approx(1.0)
-    assert metrics.predicted_speedup(0.5, 1, 0.5) == pytest.approx((1 - 0.25) / (0.5 * 1.5))
+    assert predicted_speedup(0.5, 4, 0.1) == pytest.approx((1 - 0.5**5) / (0.5 * 1.4))
+    assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
+    assert predicted_speedup(1.2, 2, 0.0) == pytest.approx(3.0)
+    assert predicted_speedup(0.0, 3, 0.0) == pytest.approx(1.0)
+    assert predicted_speedup(0.5, 1, 0.5) == pytest.approx((1 - 0.25) / (0.5 * 1.5))
     for args in ((None, 4, 0.1), (0.5, None, 0.1), (0.5, 4, None), (0.5, 0, 0.1)):
-        assert metrics.predicted_speedup(*args) is None
+        assert predicted_speedup(*args) is None
 
 
 def test_greedy_bild_and_prefill_figures():
@@ -334,23 +358,23 @@ def test_greedy_bild_and_prefill_figures():
         rec(greedy_match=True, new_tokens=0, prefill_s=0.5, decode_s=0.0, first_tokens=0),
         rec(greedy_match=None, new_tokens=0, prefill_s=0.2, decode_s=0.0, first_tokens=0),
     ]
-    g = metrics.greedy_match(records)
+    g = greedy_match(records)
     assert g == {"greedy_compared": 3, "greedy_matches": 2, "greedy_match_rate": pytest.approx(2 / 3)}
-    assert metrics.greedy_match([rec()])["greedy_match_rate"] is None
-    b = metrics.bild_stats(records)
+    assert greedy_match([rec()])["greedy_match_rate"] is None
+    b = bild_stats(records)
     assert b == {"fallbacks": 3, "draft_tokens_kept": 5, "draft_share": 0.25}
-    p = metrics.prefill_stats(records)
+    p = prefill_stats(records)
     assert p["prefill_ms_mean"] == pytest.approx(275.0)
     assert p["prefill_ms_median"] == pytest.approx(250.0)
     assert p["time_per_token_ms"] == pytest.approx(1800 / 18)
-    empty = metrics.prefill_stats([])
+    empty = prefill_stats([])
     assert empty == {"prefill_ms_mean": None, "prefill_ms_median": None, "time_per_token_ms": None}
 
 
 def test_unique():
-    assert metrics._unique([1, 1, 1]) == 1
-    assert metrics._unique([1, 2]) is None
-    assert metrics._unique([]) is None
+    assert unique_value([1, 1, 1]) == 1
+    assert unique_value([1, 2]) is None
+    assert unique_value([]) is None
 
 
 # --- group_metrics ------------------------------------------------------------------------------------
@@ -373,7 +397,7 @@ def test_group_metrics_of_a_speculative_method():
         )
         for e in "ab"
     ]
-    m = metrics.group_metrics(mine, base, resamples=100)
+    m = group_metrics(mine, base, resamples=100)
     assert m["method"] == "sps" and m["gamma"] == 4 and m["is_baseline"] is False
     assert m["speedup"] == pytest.approx(2.0) and m["decode_speedup"] == pytest.approx(2.0)
     assert m["draft_step_ms"] == pytest.approx(5.0)
@@ -394,7 +418,7 @@ def test_group_metrics_of_a_speculative_method():
     ):
         assert name in m
     # BiLD's blocks end dynamically: no prediction.
-    bild = metrics.group_metrics(
+    bild = group_metrics(
         [
             rec("bild", example_id=e, drafted=8, accepted=6, rollbacks=2, propose_s=0.04, propose_calls=8)
             for e in "ab"
@@ -405,18 +429,18 @@ def test_group_metrics_of_a_speculative_method():
     assert bild["predicted_speedup"] is None and bild["measured_over_predicted"] is None
     assert bild["cost_ratio"] is not None
     # Without draft passes there is no cost ratio and no prediction.
-    pld = metrics.group_metrics(
+    pld = group_metrics(
         [rec("pld", example_id=e, drafted=8, accepted=6, rollbacks=2) for e in "ab"], base, resamples=0
     )
     assert pld["cost_ratio"] is None and pld["draft_step_ms"] is None and pld["predicted_speedup"] is None
     assert pld["target_step_ms"] == pytest.approx(100.0)
-    mixed = metrics.group_metrics([rec(gamma=2), rec(gamma=4, example_id="b")], base, resamples=0)
+    mixed = group_metrics([rec(gamma=2), rec(gamma=4, example_id="b")], base, resamples=0)
     assert mixed["gamma"] is None
 
 
 def test_group_metrics_of_the_baseline():
     base = [rec("ar", example_id=e) for e in "abc"] + [rec("ar", example_id="a")]
-    m = metrics.group_metrics(base, base, is_baseline=True)
+    m = group_metrics(base, base, is_baseline=True)
     assert m["is_baseline"] is True
     assert m["matched_keys"] == 3
     assert m["speedup"] == 1.0 and m["decode_speedup"] == 1.0
@@ -424,7 +448,7 @@ def test_group_metrics_of_the_baseline():
     assert m["decode_speedup_ci_low"] is None and m["decode_speedup_ci_high"] is None
     assert m["predicted_speedup"] is None
     zero = [rec("ar", new_tokens=0, total_s=0.0, decode_s=0.0)]
-    m = metrics.group_metrics(zero, zero, is_baseline=True)
+    m = group_metrics(zero, zero, is_baseline=True)
     assert m["speedup"] is None and m["decode_speedup"] is None
 
 
@@ -435,17 +459,17 @@ def test_label_and_subtask_order():
     records = [rec("pld"), rec("sps"), rec("ar"), rec("x"), rec("sps")]
     records[0] = rec("pld")
     run = run_info(labels=["sps", "missing", "ar"])
-    assert metrics.label_order(records, run) == ["ar", "sps", "pld", "x"]
-    assert metrics.label_order(records, run_info(baseline="nope", labels=["x"])) == ["x", "pld", "sps", "ar"]
+    assert label_order(records, run) == ["ar", "sps", "pld", "x"]
+    assert label_order(records, run_info(baseline="nope", labels=["x"])) == ["x", "pld", "sps", "ar"]
     subtasks = [rec(subtask="b"), rec(subtask="a"), rec(subtask="b")]
-    assert metrics.subtask_order(subtasks) == ["b", "a"]
+    assert subtask_order(subtasks) == ["b", "a"]
 
 
 def test_baseline_label():
     run = run_info(extra={"baselines": {"sps bf16": "ar bf16"}})
-    assert metrics.baseline_label(run, "sps bf16") == "ar bf16"
-    assert metrics.baseline_label(run, "sps") == "ar"
-    assert metrics.baseline_label(run_info(extra={"baselines": None}), "sps") == "ar"
+    assert baseline_label(run, "sps bf16") == "ar bf16"
+    assert baseline_label(run, "sps") == "ar"
+    assert baseline_label(run_info(extra={"baselines": None}), "sps") == "ar"
 
 
 def test_variant_info():
@@ -453,7 +477,7 @@ def test_variant_info():
         rec(temperature=0.0, params={"a": 1}, draft_params=100),
         rec(temperature=0.0, params={"a": 2, "b": 3}, draft_params=100),
     ]
-    v = metrics.variant_info(records)
+    v = variant_info(records)
     assert v == {
         "method": "sps",
         "target": "t",
@@ -464,24 +488,24 @@ def test_variant_info():
         "temperatures": [0.0],
         "params": {"a": 1, "b": 3},
     }
-    two = metrics.variant_info([rec(temperature=1.0), rec(temperature=0.5, draft="e", gamma=2)])
+    two = variant_info([rec(temperature=1.0), rec(temperature=0.5, draft="e", gamma=2)])
     assert two["temperature"] is None and two["temperatures"] == [0.5, 1.0]
     assert two["draft"] is None and two["gamma"] is None
 
 
 def test_helpers():
-    assert metrics._by([1, 2, 3, 4], lambda x: x % 2) == {1: [1, 3], 0: [2, 4]}
-    assert metrics._param({"fallback": 1, "fallback_thres": 2}, metrics._FALLBACK_KEYS) == 2
-    assert metrics._param({"x": 1}, metrics._FALLBACK_KEYS) is None
-    assert metrics._sort_key(2) == (0, 2.0, "")
-    assert metrics._sort_key(None) == (1, 0.0, "None")
-    assert sorted([None, 3, 1.5], key=metrics._sort_key) == [1.5, 3, None]
-    assert metrics._row("x", {"a": 1, "b": 2}, "a", "c") == {"label": "x", "a": 1, "c": None}
+    assert group_by([1, 2, 3, 4], lambda x: x % 2) == {1: [1, 3], 0: [2, 4]}
+    assert _param({"fallback": 1, "fallback_thres": 2}, _FALLBACK_KEYS) == 2
+    assert _param({"x": 1}, _FALLBACK_KEYS) is None
+    assert _sort_key(2) == (0, 2.0, "")
+    assert _sort_key(None) == (1, 0.0, "None")
+    assert sorted([None, 3, 1.5], key=_sort_key) == [1.5, 3, None]
+    assert _row("x", {"a": 1, "b": 2}, "a", "c") == {"label": "x", "a": 1, "c": None}
 
 
 def test_json_safe():
     value = {1: [float("nan"), float("inf"), -math.inf, 1.5, (2, "s")], "n": None}
-    assert metrics.json_safe(value) == {"1": [None, "inf", "-inf", 1.5, [2, "s"]], "n": None}
+    assert json_safe(value) == {"1": [None, "inf", "-inf", 1.5, [2, "s"]], "n": None}
 
 
 # --- vs best plain ---------------------------------------------------------------------------------
@@ -496,7 +520,7 @@ def test_vs_best_plain_compares_with_the_fastest_ar():
     group = {
         label: {"method": rs[0].method, "tokens_per_s": 10 / rs[0].total_s} for label, rs in by_label.items()
     }
-    metrics.add_vs_best_plain(group, by_label, None, resamples=50)
+    add_vs_best_plain(group, by_label, None, resamples=50)
     assert all(m["best_plain"] == "ar fast" for m in group.values())
     assert group["sps"]["vs_best_ar"] == pytest.approx(2.0)
     assert group["ar"]["vs_best_ar"] == pytest.approx(0.5)
@@ -505,11 +529,11 @@ def test_vs_best_plain_compares_with_the_fastest_ar():
     assert group["sps"]["vs_best_ar_ci_low"] == pytest.approx(2.0)
     assert group["sps"]["vs_best_ar_ci_high"] == pytest.approx(2.0)
     # A subtask with no records of a label: nothing to compare.
-    metrics.add_vs_best_plain(group, by_label, "other", resamples=0)
+    add_vs_best_plain(group, by_label, "other", resamples=0)
     assert group["sps"]["vs_best_ar"] is None and group["sps"]["best_plain"] == "ar fast"
     # No plain decoding with a rate: all None.
     only = {"sps": {"method": "sps", "tokens_per_s": 3.0}, "ar": {"method": "ar", "tokens_per_s": None}}
-    metrics.add_vs_best_plain(only, by_label, None)
+    add_vs_best_plain(only, by_label, None)
     assert only["sps"] == {
         "method": "sps",
         "tokens_per_s": 3.0,
@@ -531,8 +555,8 @@ def test_summarize_structure():
         rec("sps", example_id="c", subtask="code", total_s=0.5),
         rec("pld", example_id="a", subtask="qa", total_s=0.8),
     ]
-    s = metrics.summarize(records, run_info(labels=["pld", "sps"]), resamples=10, seed=3)
-    assert s["schema"] == metrics.SCHEMA_VERSION
+    s = summarize(records, run_info(labels=["pld", "sps"]), resamples=10, seed=3)
+    assert s["schema"] == SCHEMA_VERSION
     assert s["labels"] == ["ar", "pld", "sps"]
     assert s["subtask_names"] == ["qa", "code"]
     assert s["baseline"] == "ar"
@@ -559,7 +583,7 @@ def test_summarize_with_a_per_label_baseline():
         rec("sps bf16", method="sps", example_id="a", total_s=1.0),
     ]
     run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
-    s = metrics.summarize(records, run, resamples=0)
+    s = summarize(records, run, resamples=0)
     assert s["overall"]["sps bf16"]["baseline"] == "ar bf16"
     assert s["overall"]["sps bf16"]["speedup"] == pytest.approx(2.0)
     assert s["overall"]["ar bf16"]["is_baseline"] is True
@@ -570,7 +594,7 @@ def test_summarize_with_a_per_label_baseline():
 
 
 def sweep_of(records, **run_kw):
-    return metrics.summarize(records, run_info(**run_kw), resamples=0)["sweeps"]
+    return summarize(records, run_info(**run_kw), resamples=0)["sweeps"]
 
 
 def test_draft_gamma_sweep_rows_are_sorted_and_only_varying_settings_count():
@@ -590,7 +614,7 @@ def test_draft_gamma_sweep_rows_are_sorted_and_only_varying_settings_count():
     g2 = rows[0]
     assert (g2["temperature"], g2["draft"], g2["draft_params"], g2["gamma"]) == (0.0, "d", 100, 2)
     assert g2["method"] == "sps" and g2["speedup"] == pytest.approx(2.0) and g2["n"] == 1
-    assert set(metrics._ROW_FIELDS) <= set(g2)
+    assert set(_ROW_FIELDS) <= set(g2)
     # One value each: no sweep.
     assert "draft_gamma" not in sweep_of([rec("ar"), rec("sps")])
 
@@ -719,7 +743,7 @@ def test_ablation_of_cache_and_attention():
     assert by["sps"]["speedup_vs_plain"] == pytest.approx(8.0)
     assert by["ar eager"]["speedup_vs_plain"] == pytest.approx(2.0)
     assert by["sps nocache"]["speedup_vs_plain"] == pytest.approx(4.0)
-    assert set(metrics._ROW_FIELDS) <= set(by["sps"])
+    assert set(_ROW_FIELDS) <= set(by["sps"])
 
 
 def test_ablation_prefers_eager_among_uncached_plain_runs_and_needs_variation():
@@ -784,11 +808,11 @@ def ar_rows(label="ar", total_s=1.0, **kw):
 
 def test_summary_intervals_use_the_given_seed_and_resamples():
     sps, ar = spread(), ar_rows()
-    ref = metrics.speedup(sps, ar, resamples=40, seed=7)
+    ref = speedup(sps, ar, resamples=40, seed=7)
     # The draws matter for this data: another seed or count gives another interval.
-    assert ref["speedup_ci_low"] != metrics.speedup(sps, ar, resamples=40, seed=0)["speedup_ci_low"]
-    assert ref["speedup_ci_low"] != metrics.speedup(sps, ar, resamples=2000, seed=7)["speedup_ci_low"]
-    s = metrics.summarize(sps + ar, run_info(), resamples=40, seed=7)
+    assert ref["speedup_ci_low"] != speedup(sps, ar, resamples=40, seed=0)["speedup_ci_low"]
+    assert ref["speedup_ci_low"] != speedup(sps, ar, resamples=2000, seed=7)["speedup_ci_low"]
+    s = summarize(sps + ar, run_info(), resamples=40, seed=7)
     for name in ("speedup_ci_low", "speedup_ci_high", "decode_speedup_ci_low", "decode_speedup_ci_high"):
         assert s["overall"]["sps"][name] == pytest.approx(ref[name]), name
         assert s["subtasks"]["qa"]["sps"][name] == pytest.approx(ref[name]), name
@@ -800,7 +824,7 @@ def test_summary_intervals_use_the_given_seed_and_resamples():
 def test_vs_best_ar_per_subtask_uses_that_subtasks_records():
     two = spread(subtask_of=lambda i: "qa" if i < 3 else "code")
     ar = [rec("ar", example_id=e, subtask="qa" if i < 3 else "code") for i, e in enumerate("abcdef")]
-    s = metrics.summarize(two + ar, run_info(), resamples=0)
+    s = summarize(two + ar, run_info(), resamples=0)
     for subtask, keys in (("qa", slice(0, 3)), ("code", slice(3, 6))):
         expected = (30 / sum(SPEEDS[keys])) / (30 / 3.0)
         assert s["subtasks"][subtask]["sps"]["vs_best_ar"] == pytest.approx(expected)
@@ -817,9 +841,9 @@ def test_temperature_sweep_intervals_use_the_given_seed_and_per_label_baselines(
         "ar bf16", total_s=2.0, temperature=1.0
     )
     run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
-    rows = metrics.summarize(records, run, resamples=40, seed=7)["sweeps"]["temperature"]
+    rows = summarize(records, run, resamples=40, seed=7)["sweeps"]["temperature"]
     got = {(r["label"], r["temperature"]): r for r in rows}
-    ref = metrics.speedup(spread(temperature=1.0), ar_rows(temperature=1.0), resamples=40, seed=7)
+    ref = speedup(spread(temperature=1.0), ar_rows(temperature=1.0), resamples=40, seed=7)
     assert got[("sps", 1.0)]["speedup_ci_low"] == pytest.approx(ref["speedup_ci_low"])
     assert got[("sps", 1.0)]["speedup_ci_high"] == pytest.approx(ref["speedup_ci_high"])
     # sps bf16 against ar bf16 (twice as slow as ar), which is its own baseline.
@@ -829,11 +853,8 @@ def test_temperature_sweep_intervals_use_the_given_seed_and_per_label_baselines(
 
 def test_ablation_intervals_use_the_given_seed():
     records = spread() + ar_rows() + ar_rows("ar nocache", total_s=2.0, params={"use_cache": False})
-    rows = {
-        r["label"]: r
-        for r in metrics.summarize(records, run_info(), resamples=40, seed=7)["sweeps"]["ablation"]
-    }
-    ref = metrics.speedup(spread(), ar_rows("ar nocache", total_s=2.0), resamples=40, seed=7)
+    rows = {r["label"]: r for r in summarize(records, run_info(), resamples=40, seed=7)["sweeps"]["ablation"]}
+    ref = speedup(spread(), ar_rows("ar nocache", total_s=2.0), resamples=40, seed=7)
     assert rows["sps"]["plain"] == "ar nocache"
     assert rows["sps"]["speedup_vs_plain"] == pytest.approx(ref["speedup"])
     assert rows["sps"]["speedup_vs_plain_ci_low"] == pytest.approx(ref["speedup_ci_low"])
@@ -846,7 +867,7 @@ def test_ablation_intervals_use_the_given_seed():
 
 def test_an_attention_only_ablation():
     records = ar_rows() + ar_rows("ar eager", params={"attn_implementation": "eager"})
-    rows = metrics.summarize(records, run_info(), resamples=0)["sweeps"]["ablation"]
+    rows = summarize(records, run_info(), resamples=0)["sweeps"]["ablation"]
     assert [(r["label"], r["attn_implementation"]) for r in rows] == [
         ("ar", "default"),
         ("ar eager", "eager"),
@@ -855,12 +876,12 @@ def test_an_attention_only_ablation():
 
 def test_a_missing_baseline_gives_no_speedup_but_a_summary():
     records = spread(temperature=0.0) + spread(temperature=1.0)
-    s = metrics.summarize(records, run_info(), resamples=0)
+    s = summarize(records, run_info(), resamples=0)
     assert s["overall"]["sps"]["speedup"] is None and s["overall"]["sps"]["matched_keys"] == 0
     assert {r["speedup"] for r in s["sweeps"]["temperature"]} == {None}
     # An ablation with no plain label and no baseline records: nothing to compare with.
     ablation = spread() + spread("sps nocache", method="sps", params={"use_cache": False})
-    rows = metrics.summarize(ablation, run_info(), resamples=0)["sweeps"]["ablation"]
+    rows = summarize(ablation, run_info(), resamples=0)["sweeps"]["ablation"]
     assert {r["plain"] for r in rows} == {"ar"} and {r["speedup_vs_plain"] for r in rows} == {None}
 
 
@@ -887,7 +908,7 @@ def test_bild_grid_axes_mix_numbers_and_missing_values():
     ]
     grid = sweep_of(records)["bild"][0]
     assert grid["fallback"] == [0.5, None] and grid["rollback"] == [2, 3]
-    assert set(metrics._ROW_FIELDS) <= set(grid["cells"][0])
+    assert set(_ROW_FIELDS) <= set(grid["cells"][0])
 
 
 def test_best_plain_is_the_fastest_not_the_last_named():
@@ -899,45 +920,43 @@ def test_best_plain_is_the_fastest_not_the_last_named():
     group = {
         label: {"method": rs[0].method, "tokens_per_s": 10 / rs[0].total_s} for label, rs in by_label.items()
     }
-    metrics.add_vs_best_plain(group, by_label, None, resamples=0)
+    add_vs_best_plain(group, by_label, None, resamples=0)
     assert group["sps"]["best_plain"] == "ar" and group["sps"]["vs_best_ar"] == pytest.approx(2.0)
 
 
 def test_bootstrap_thresholds_are_strictly_positive():
     index = np.array([[0]])
     # Small but positive sums count.
-    assert metrics._bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.25]]), 0, 1, index) == pytest.approx(
+    assert _bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.25]]), 0, 1, index) == pytest.approx(
         (1.0, 1.0)
     )
     # A baseline without time is skipped (it would give an infinite rate).
-    assert metrics._bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.0]]), 0, 1, index) is None
+    assert _bootstrap(np.array([[2.0, 0.5]]), np.array([[1.0, 0.0]]), 0, 1, index) is None
 
 
 def test_sort_key_of_strings():
-    assert metrics._sort_key("inf") == (1, 0.0, "inf")
-    assert sorted(["b", 2, "a"], key=metrics._sort_key) == [2, "a", "b"]
+    assert _sort_key("inf") == (1, 0.0, "inf")
+    assert sorted(["b", 2, "a"], key=_sort_key) == [2, "a", "b"]
 
 
 def test_more_edges():
     # A single token in no time is already a timing bug.
-    assert metrics.throughput([rec(new_tokens=1, total_s=0.0)])["zero_time_records"] == 1
+    assert throughput([rec(new_tokens=1, total_s=0.0)])["zero_time_records"] == 1
     # One resample is an interval (of one value).
-    s = metrics.speedup(spread(), ar_rows(), resamples=1, seed=0)
+    s = speedup(spread(), ar_rows(), resamples=1, seed=0)
     assert s["speedup_ci_low"] is not None and s["speedup_ci_low"] == s["speedup_ci_high"]
     # No whole-generation time but decode time: the decode speed-up still gets its interval.
     mine = [rec(example_id=e, total_s=0.0, decode_s=t) for e, t in zip("ab", (0.3, 0.6), strict=True)]
-    s = metrics.speedup(mine, ar_rows()[:2], resamples=50, seed=0)
+    s = speedup(mine, ar_rows()[:2], resamples=50, seed=0)
     assert s["speedup"] is None and s["speedup_ci_low"] is None
     assert s["decode_speedup"] is not None and s["decode_speedup_ci_low"] is not None
     # Accepted positions missing at the end count as 0.
-    a = metrics.acceptance(
-        [rec(drafted=4, accepted=1, drafted_per_position=[2, 2], accepted_per_position=[1])]
-    )
+    a = acceptance([rec(drafted=4, accepted=1, drafted_per_position=[2, 2], accepted_per_position=[1])])
     assert a["accepted_per_position"] == [1, 0] and a["acceptance_per_position"] == [0.5, 0.0]
     # Nothing drafted: no α̂, whatever else was counted.
-    assert metrics.acceptance([rec(drafted=0, accepted=0, rollbacks=1)])["alpha_hat"] is None
+    assert acceptance([rec(drafted=0, accepted=0, rollbacks=1)])["alpha_hat"] is None
     # The share of plain rounds is that of k = 0.
-    assert metrics.sizing([rec(k_counts=[1, 3])])["k0_share"] == 0.25
+    assert sizing([rec(k_counts=[1, 3])])["k0_share"] == 0.25
 
 
 def test_unmatched_keys_are_checked_against_each_labels_own_baseline():
@@ -949,16 +968,16 @@ def test_unmatched_keys_are_checked_against_each_labels_own_baseline():
         rec("sps bf16", method="sps", example_id="b"),
     ]
     run = run_info(extra={"baselines": {"sps bf16": "ar bf16", "ar bf16": "ar bf16"}})
-    assert metrics.summarize(records, run, resamples=0)["unmatched"] == {"sps bf16": [["b", 0, 0]]}
+    assert summarize(records, run, resamples=0)["unmatched"] == {"sps bf16": [["b", 0, 0]]}
 
 
 # --- engines and concurrency ------------------------------------------------------------------------
 
 
 def test_engine_of_reads_the_variants_engine_setting():
-    assert metrics.engine_of({"params": {"engine": "vllm"}}) == "vllm"
-    assert metrics.engine_of({"params": {}}) == "hf"
-    assert metrics.engine_of({}) == "hf"
+    assert engine_of({"params": {"engine": "vllm"}}) == "vllm"
+    assert engine_of({"params": {}}) == "hf"
+    assert engine_of({}) == "hf"
 
 
 def _two_engines() -> tuple[list[Record], RunInfo]:
@@ -981,22 +1000,27 @@ def _two_engines() -> tuple[list[Record], RunInfo]:
 
 def test_engine_summary_names_each_engines_main_label_and_compares_their_ar():
     rows, run = _two_engines()
-    summary = metrics.summarize(rows, run, resamples=0)
+    summary = summarize(rows, run, resamples=0)
     assert summary["engines"] == {
         "engines": ["hf", "vllm"],
         "methods": {"ar": {"hf": "ar", "vllm": "ar@vllm"}, "sps": {"hf": "sps", "vllm": "sps@vllm"}},
         "ar_match": {"vllm": {"matched": 1, "compared": 2}},
     }
     assert summary["concurrency"] is None
+    from draftlab.bench.run_header import header_rows
+
+    rows_of_header = dict(header_rows(summary))  # without extra["engines"], the engines the records name
+    assert rows_of_header["engines"] == "hf, vllm"
+    assert rows_of_header["decoding"].endswith("speed-ups over ar, ar@vllm")
     hf_only = [r for r in rows if "@" not in r.label]
     run_hf = run_info(labels=["ar", "sps", "ar float16"], extra={"baselines": {}})
-    assert metrics.summarize(hf_only, run_hf, resamples=0)["engines"] is None
+    assert summarize(hf_only, run_hf, resamples=0)["engines"] is None
     vllm_only = [r for r in rows if "@" in r.label]
-    out = metrics.engine_summary(vllm_only, {"ar@vllm": {"method": "ar", "params": {"engine": "vllm"}}}, str)
+    out = engine_summary(vllm_only, {"ar@vllm": {"method": "ar", "params": {"engine": "vllm"}}}, str)
     assert out == {"engines": ["vllm"], "methods": {"ar": {"vllm": "ar@vllm"}}, "ar_match": {}}
     # A label that has no baseline is left out of the table.
     variants = {"x": {"method": "ar", "params": {"engine": "vllm"}}, "y": {"method": "pld", "params": {}}}
-    assert metrics.engine_summary([], variants, lambda label: None if label == "y" else "x")["methods"] == {
+    assert engine_summary([], variants, lambda label: None if label == "y" else "x")["methods"] == {
         "ar": {"vllm": "x"}
     }
 
@@ -1004,7 +1028,7 @@ def test_engine_summary_names_each_engines_main_label_and_compares_their_ar():
 def _level(label, level, share, accepted=0, drafted=0, tpots=None):
     rows = []
     for i in range(level):
-        r = rec(metrics.level_label(label, level), f"e{i}", method=label.split("@")[0])
+        r = rec(level_label(label, level), f"e{i}", method=label.split("@")[0])
         r.new_tokens, r.total_s, r.accepted, r.drafted, r.rounds = 10, share, accepted, drafted, 10 - accepted
         r.params = {"tpot_s": (tpots or [0.02] * level)[i]}
         rows.append(r)
@@ -1021,7 +1045,7 @@ def test_a_concurrency_run_is_summarised_level_by_level_with_its_prediction():
         "cost_curves": {"target": curve, "draft": draft, "context": 50, "draft_labels": {"sps@vllm": True}},
     }
     run = run_info(labels=sorted({r.label for r in rows}), extra=extra)
-    summary = metrics.summarize(rows, run, resamples=0)
+    summary = summarize(rows, run, resamples=0)
     assert summary["engines"] is None
     data = summary["concurrency"]
     assert data["baseline"] == "ar@vllm"
@@ -1037,12 +1061,12 @@ def test_a_concurrency_run_is_summarised_level_by_level_with_its_prediction():
     assert two["predicted_speedup"] == pytest.approx(2 * 10 / (30 + 2 * 2))
     assert "predicted_speedup" not in data["levels"]["ar@vllm"]["1"]
     # Without cost curves there is no prediction; without a draft curve the draft costs nothing.
-    plain = metrics.summarize(
+    plain = summarize(
         rows, run_info(labels=run.labels, extra={"concurrency_baseline": "ar@vllm"}), resamples=0
     )
     assert "predicted_speedup" not in plain["concurrency"]["levels"]["sps@vllm"]["1"]
     extra["cost_curves"] = {**extra["cost_curves"], "draft": None}
-    no_draft = metrics.summarize(rows, run_info(labels=run.labels, extra=extra), resamples=0)
+    no_draft = summarize(rows, run_info(labels=run.labels, extra=extra), resamples=0)
     assert no_draft["concurrency"]["levels"]["sps@vllm"]["1"]["predicted_speedup"] == pytest.approx(
         2 * 10 / 15
     )
@@ -1050,7 +1074,7 @@ def test_a_concurrency_run_is_summarised_level_by_level_with_its_prediction():
 
 def test_level_summary_edges():
     rows = _level("ar@vllm", 1, 1.0) + _level("pld@vllm", 1, 2.0) + _level("pld@vllm", 3, 1.0)
-    data = metrics.level_summary(rows + [rec("not a level")], "ar@vllm")
+    data = level_summary(rows + [rec("not a level")], "ar@vllm")
     assert set(data["levels"]) == {"ar@vllm", "pld@vllm"}
     assert data["levels"]["pld@vllm"][1]["speedup"] == pytest.approx(0.5)
     assert data["levels"]["pld@vllm"][3]["speedup"] is None  # no ar at that level
@@ -1058,13 +1082,13 @@ def test_level_summary_edges():
     assert data["levels"]["pld@vllm"][3]["tpot_ms_p90"] == pytest.approx(20.0)
     assert data["pays"] == {"pld@vllm": {"beats_up_to": None, "stops_at": 1}}
     winner = _level("ar@vllm", 1, 1.0) + _level("pld@vllm", 1, 0.5)
-    assert metrics.level_summary(winner, "ar@vllm")["pays"]["pld@vllm"] == {
+    assert level_summary(winner, "ar@vllm")["pays"]["pld@vllm"] == {
         "beats_up_to": 1,
         "stops_at": None,
     }
-    assert metrics._quantile([1.0], 0.9) == 1.0
-    assert metrics._quantile([0.0, 10.0], 0.9) == pytest.approx(9.0)
-    assert metrics._quantile([0.0, 10.0, 20.0], 0.5) == pytest.approx(10.0)
+    assert _quantile([1.0], 0.9) == 1.0
+    assert _quantile([0.0, 10.0], 0.9) == pytest.approx(9.0)
+    assert _quantile([0.0, 10.0, 20.0], 0.5) == pytest.approx(10.0)
 
 
 # --- profile fit -------------------------------------------------------------------------------------
@@ -1082,11 +1106,11 @@ def _fit_summary(timed: int, profiled: float, measured: float) -> dict:
             measured_ms=measured,
         ),
     ]
-    return metrics.summarize(records, run_info(baseline="ar", labels=["ar", "pld"]))
+    return summarize(records, run_info(baseline="ar", labels=["ar", "pld"]))
 
 
 def test_a_profile_off_by_over_a_quarter_over_many_rounds_is_named_stale():
-    from draftlab.bench.report import warnings
+    from draftlab.bench.report_warnings import warnings
 
     summary = _fit_summary(200, 1000.0, 1300.0)
     assert summary["overall"]["pld"]["profile_fit"] == pytest.approx(1.3)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tolerance import sum_tol
 
-from draftlab.bench import metrics
+from draftlab.bench.rates import speedup, throughput
 from draftlab.bench.records import RESULTS_FILE, Record, RunInfo, read_records
 from draftlab.bench.runner import RESUME_FIELDS, changed_settings, prepare_output
 from draftlab.bench.suites import parse_jsonl, select
@@ -53,7 +53,7 @@ def as_records(pairs: list) -> tuple[list[Record], list[Record]]:
 @given(paired_runs)
 def test_speedup_is_the_ratio_of_summed_rates_and_its_interval_is_ordered(pairs):
     mine, base = as_records(pairs)
-    out = metrics.speedup(mine, base, resamples=200)
+    out = speedup(mine, base, resamples=200)
     rate_m = sum(n for (n, _), _ in pairs) / sum(s for (_, s), _ in pairs)
     rate_b = sum(n for _, (n, _) in pairs) / sum(s for _, (_, s) in pairs)
     assert out["speedup"] == pytest.approx(rate_m / rate_b)
@@ -66,7 +66,7 @@ def test_speedup_is_the_ratio_of_summed_rates_and_its_interval_is_ordered(pairs)
 def test_a_method_against_itself_is_exactly_one_with_a_zero_width_interval(pairs):
     mine, _ = as_records(pairs)
     same = [record("b", r.example_id, r.new_tokens, r.total_s) for r in mine]
-    out = metrics.speedup(mine, same, resamples=100)
+    out = speedup(mine, same, resamples=100)
     assert out["speedup"] == pytest.approx(1.0)
     assert out["speedup_ci_low"] == pytest.approx(1.0)
     assert out["speedup_ci_high"] == pytest.approx(1.0)
@@ -77,8 +77,8 @@ def test_a_method_against_itself_is_exactly_one_with_a_zero_width_interval(pairs
 def test_making_the_method_k_times_faster_scales_speedup_and_interval_by_k(pairs, k):
     mine, base = as_records(pairs)
     faster = [record("m", r.example_id, r.new_tokens, r.total_s / k) for r in mine]
-    before = metrics.speedup(mine, base, resamples=100)
-    after = metrics.speedup(faster, base, resamples=100)
+    before = speedup(mine, base, resamples=100)
+    after = speedup(faster, base, resamples=100)
     # Python floats (float64): each ratio of sums over the records is off by at most the sums' bound.
     tol = sum_tol(2 * len(pairs) + 2, torch.float64)
     for name in ("speedup", "speedup_ci_low", "speedup_ci_high"):
@@ -89,12 +89,12 @@ def test_making_the_method_k_times_faster_scales_speedup_and_interval_by_k(pairs
 @given(paired_runs, st.randoms(use_true_random=False))
 def test_speedup_and_interval_ignore_record_order_and_unmatched_keys(pairs, rng):
     mine, base = as_records(pairs)
-    reference = metrics.speedup(mine, base, resamples=100)
+    reference = speedup(mine, base, resamples=100)
     shuffled_mine, shuffled_base = list(mine), list(base)
     rng.shuffle(shuffled_mine)
     rng.shuffle(shuffled_base)
     extra = [record("b", "only-in-baseline", 7, 0.5), record("m", "only-in-method", 9, 0.1)]
-    out = metrics.speedup(shuffled_mine + extra[1:], shuffled_base + extra[:1], resamples=100)
+    out = speedup(shuffled_mine + extra[1:], shuffled_base + extra[:1], resamples=100)
     assert out == reference
 
 
@@ -102,8 +102,8 @@ def test_speedup_and_interval_ignore_record_order_and_unmatched_keys(pairs, rng)
 @given(paired_runs)
 def test_speedup_of_a_over_b_is_the_inverse_of_b_over_a(pairs):
     mine, base = as_records(pairs)
-    forward = metrics.speedup(mine, base, resamples=100)
-    backward = metrics.speedup([record("m", r.example_id, r.new_tokens, r.total_s) for r in base],
+    forward = speedup(mine, base, resamples=100)
+    backward = speedup([record("m", r.example_id, r.new_tokens, r.total_s) for r in base],
                                [record("b", r.example_id, r.new_tokens, r.total_s) for r in mine],
                                resamples=100)  # fmt: skip
     assert forward["speedup"] * backward["speedup"] == pytest.approx(1.0)
@@ -113,7 +113,7 @@ def test_speedup_of_a_over_b_is_the_inverse_of_b_over_a(pairs):
 @given(st.lists(generation, min_size=1, max_size=12), st.lists(generation, min_size=1, max_size=12))
 def test_throughput_is_sum_over_sum_never_a_mean_of_rates(a, b):
     records = [record("m", f"e{i}", n, s) for i, (n, s) in enumerate(a + b)]
-    out = metrics.throughput(records)
+    out = throughput(records)
     assert out["tokens_per_s"] == pytest.approx(sum(n for n, _ in a + b) / sum(s for _, s in a + b))
     assert out["n"] == len(records)
 
@@ -242,3 +242,44 @@ def test_properties_run_on_real_files(tmp_path: Path):
     (tmp_path / RESULTS_FILE).write_text(r.to_json() + "\n")
     (back,) = read_records(tmp_path / RESULTS_FILE)
     assert back == r
+
+
+# ----------------------------------------------------------------------------- n-gram lookup
+
+
+def _reference_lookup(context: list[int], max_ngram: int) -> tuple[int, list[int]] | None:
+    """The longest n whose last n tokens occurred earlier, and every earlier start, by brute force."""
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        starts = [i for i in range(len(context) - n) if context[i : i + n] == tail]
+        if starts:
+            return n, starts
+    return None
+
+
+@FAST
+@given(st.lists(st.integers(0, 3), max_size=30), st.integers(1, 4), st.integers(1, 6))
+def test_prompt_lookup_and_lookup_trees_share_the_longest_ngram_match(tokens, max_ngram, k):
+    import numpy as np
+
+    from draftlab.proposers import LookupTreeProposer, PromptLookupProposer
+    from draftlab.proposers.ngram import longest_match
+
+    expected = _reference_lookup(tokens, max_ngram)
+    found = longest_match(np.asarray(tokens, dtype=np.int64), max_ngram, 1)
+    assert found is None if expected is None else (found[0], found[1].tolist()) == expected
+    chain, tree = PromptLookupProposer(max_ngram=max_ngram), LookupTreeProposer(max_ngram=max_ngram)
+    for proposer in (chain, tree):
+        proposer.start(tokens, tokens)
+    proposal = chain.propose(tokens, k, None, None)
+    branches = tree.propose(tokens, k, None, None)
+    if expected is None:
+        assert proposal.tokens == [] and branches.tokens == []
+        return
+    n, starts = expected
+    weak = n == 1 and len(starts) >= 3
+    # the chain copies what followed the most recent match; the tree holds every match's first token
+    assert proposal.tokens == tokens[starts[-1] + n :][: min(k, 3) if weak else k]
+    assert proposal.kind == f"{n}-gram" + (" weak" if weak else "")
+    roots = {t for t, p in zip(branches.tokens, branches.parent_list(), strict=True) if p < 0}
+    assert roots == {tokens[s + n] for s in starts} and branches.kind == f"{n}-gram tree"

@@ -204,3 +204,146 @@ def test_single_label_run_has_no_speedups(tmp_path: Path):
     assert "baseline 'ar' has no records" in buffer.getvalue()
     for name in PLOT_FILES:
         _check_png(directory / name)
+
+
+def _header(md: str) -> str:
+    """report.md up to its first section."""
+    return md.split("\n## ", 1)[0]
+
+
+def test_header_is_a_short_table_naming_the_winner(results: Path):
+    report.render(results, Console(quiet=True))
+    head = _header((results / "report.md").read_text())
+    assert "| target | tiny-target |" in head and "| draft | tiny-draft |" in head
+    assert "| engines | hf |" in head and "| suite | fixture: qa, multi-turn |" in head
+    # sps beats the fastest plain decoding (ar, the only one) by 1.44× overall
+    assert "| winner | sps: 1.44× the speed of the fastest plain decoding (ar), 95% CI [1.14, 1.68] |" in head
+    assert "full settings: run.json" in head
+    assert not any(line.startswith("- ") for line in head.splitlines())  # no bullet list
+
+
+def test_header_gives_dtype_processor_engines_and_plan_without_json(tmp_path: Path):
+    records = read_records(FIXTURE / RESULTS_FILE)
+    extra = {
+        "hardware": {
+            "kind": "cpu",
+            "name": "Xeon 8480",
+            "cpu_id": "GenuineIntel 6/143",
+            "isa_flags": ["avx2", "avx512f", "amx_bf16"],
+            "cpu_flags": ["fpu", "sse4_2", "avx2", "avx512f", "amx_bf16"],
+            "cores": 16,
+        },
+        "dtype_choice": {
+            "dtype": "bfloat16",
+            "reason": "it is predicted faster",
+            "predicted_s": {"bfloat16": 1.0},
+        },
+        "engines": ["hf", "vllm"],
+        "plan": {
+            "predicted_s": 612.3,
+            "budget_s": 900,
+            "everything_s": 2400.0,
+            "left_out": ["sps-tree: adds nothing here", "prompts: 1 per subtask instead of 2"],
+        },
+        "variants": {"sps": {"gamma": 4, "draft": "tiny-draft"}},
+        "versions": {"torch": "2.13.0"},
+        "examples": 3,
+        "turns": 4,
+        "repeats": 1,
+    }
+    directory = tmp_path / "run"
+    directory.mkdir()
+    (directory / RESULTS_FILE).write_text("".join(r.to_json() + "\n" for r in records))
+    info = RunInfo(target="t", draft="d", dtype="bfloat16", device="cpu", temperature=0.0, max_new_tokens=10)
+    dataclasses.replace(info, extra=extra).save(directory)
+    console, buffer = _console()
+    report.render(directory, console)
+    head = _header((directory / "report.md").read_text())
+    assert "| dtype | bfloat16 on cpu; dtype chosen: bfloat16, because it is predicted faster |" in head
+    assert "| CPU | Xeon 8480 (GenuineIntel 6/143); ISA flags: avx2, avx512f, amx_bf16 |" in head
+    assert "| engines | hf, vllm |" in head
+    assert "| suite | builtin: qa, multi-turn (3 prompts, 4 turns) |" in head
+    assert (
+        "| plan | predicted 10 min 12 s of a 15 min 00 s budget; left out: sps-tree: adds nothing here; "
+        "prompts: 1 per subtask instead of 2 (`--full` restores them, everything: 40 min 00 s) |"
+    ) in head
+    # settings stay in run.json: no JSON, no variant settings, no flag list, no versions
+    for blob in ("{", '["', "sse4_2", "gamma", "2.13.0"):
+        assert blob not in head, blob
+    out = buffer.getvalue()
+    assert "  plan: predicted 10 min 12 s" in out and "  full settings: run.json" in out
+
+    gpu = {"kind": "cuda", "name": "NVIDIA H100", "capability": "9.0", "memory_gib": 79.1, "bf16": True}
+    dataclasses.replace(info, device="cuda", extra={"hardware": gpu}).save(directory)
+    report.render(directory, Console(quiet=True))
+    head = _header((directory / "report.md").read_text())
+    assert "| GPU | NVIDIA H100, compute capability 9.0 |" in head and "| plan |" not in head
+
+
+def _scaled(r, factor: float):
+    return dataclasses.replace(
+        r, prefill_s=r.prefill_s * factor, decode_s=r.decode_s * factor, total_s=r.total_s * factor
+    )
+
+
+def test_header_says_when_no_method_beats_plain_decoding(tmp_path: Path):
+    records = [_scaled(r, 3.0) if r.label != "ar" else r for r in read_records(FIXTURE / RESULTS_FILE)]
+    directory = _results_folder(tmp_path / "slow", records, draft="d")
+    summary = report.render(directory, Console(quiet=True))
+    head = _header((directory / "report.md").read_text())
+    sps = summary["overall"]["sps"]["vs_best_ar"]
+    assert sps < 1 and sps > summary["overall"]["pld"]["vs_best_ar"]
+    assert (
+        f"| winner | no method beat the fastest plain decoding; the closest, sps, ran at {sps:.2f}×" in head
+    )
+
+
+def test_best_method_of_each_subtask_is_bold(tmp_path: Path):
+    # pld three times faster on qa only: pld wins qa, sps still wins multi-turn
+    records = [
+        _scaled(r, 1 / 3) if r.label == "pld" and r.subtask == "qa" else r
+        for r in read_records(FIXTURE / RESULTS_FILE)
+    ]
+    directory = _results_folder(tmp_path / "mixed", records, draft="d")
+    summary = report.render(directory, Console(quiet=True))
+    md = (directory / "report.md").read_text()
+    best = {"qa": "pld", "multi-turn": "sps"}
+    for subtask, label in best.items():
+        group = summary["subtasks"][subtask]
+        assert max(group, key=lambda lb: group[lb]["vs_best_ar"]) == label
+        for other in group:
+            bold = f"| {subtask} | **{other}** |" in md
+            assert bold == (other == label), (subtask, other)
+    # the grid: labels × (overall, qa, multi-turn), the best of each column in bold
+    grid = md.split("## Per subtask at a glance", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in grid.splitlines() if line.startswith("| ")}
+    assert rows["label"].startswith("| label | overall | qa | multi-turn |")
+    cells = {label: rows[label].strip("| ").split(" | ")[1:] for label in ("ar", "sps", "pld")}
+    groups = [summary["overall"], summary["subtasks"]["qa"], summary["subtasks"]["multi-turn"]]
+    winners = [max(g, key=lambda lb: g[lb]["vs_best_ar"]) for g in groups]
+    assert winners[1:] == ["pld", "sps"]
+    for label, row in cells.items():
+        assert [c.startswith("**") for c in row] == [w == label for w in winners], label
+
+
+def test_tree_budget_sweep_bolds_the_fastest_budget_of_each_subtask():
+    from draftlab.bench.sweep_tables import sweep_tables
+    from draftlab.bench.table_data import markdown_table
+
+    def row(label: str, budget: int) -> dict:
+        figures = {
+            "nodes_per_round": 3.0,
+            "mean_accepted_length": 1.5,
+            "branch_win_share": 0.1,
+            "speedup": 1.0,
+        }
+        return {"label": label, "method": "pld-tree", "budget": budget, **figures}
+
+    summary = {
+        "subtask_names": ["qa", "mt"],
+        "subtasks": {"qa": {"b4": {"speedup": 1.2}, "b8": {"speedup": 1.5}}, "mt": {"b4": {"speedup": 1.3}}},
+        "sweeps": {"tree_budget": [row("b4", 4), row("b8", 8)]},
+    }
+    (table,) = sweep_tables(summary)
+    lines = markdown_table(table).splitlines()
+    assert lines[2].endswith("| 1.20× | **1.30×** |") and lines[3].endswith("| **1.50×** | - |")

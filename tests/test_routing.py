@@ -16,8 +16,8 @@ from helpers import QUIET, write_suite
 
 from draftlab.cli import main
 from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.cost import CostModel
 from draftlab.decode.router import DtypeRouter
-from draftlab.decode.sizing import CostModel
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import _TREE_SUPPORT
 from draftlab.models.profile import CostCurve, Profile, fingerprint, save
@@ -51,7 +51,7 @@ def profiles(tmp_path, monkeypatch):
     return supports
 
 
-def bench(tmp_path, tiny_pair, capsys, methods: str = METHODS) -> tuple[int, dict, str]:
+def bench(tmp_path, tiny_pair, capsys, methods: str = METHODS, *more: str) -> tuple[int, dict, str]:
     target, draft = tiny_pair["llama"]
     suite = write_suite(
         tmp_path / "suite.jsonl",
@@ -62,7 +62,7 @@ def bench(tmp_path, tiny_pair, capsys, methods: str = METHODS) -> tuple[int, dic
     )
     out = tmp_path / "run"
     argv = ["bench", "--target", str(target), "--draft", str(draft), "--suite", str(suite)]
-    argv += ["--methods", methods, "--max-new-tokens", "12", "--out", str(out), *QUIET]
+    argv += ["--methods", methods, "--max-new-tokens", "12", "--out", str(out), *QUIET, *more]
     code = main(argv)
     err = capsys.readouterr().err
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
@@ -133,9 +133,16 @@ def test_a_hopeless_dtype_is_neither_run_nor_routed(tmp_path, tiny_pair, profile
     code, run, err = bench(tmp_path, tiny_pair, capsys, methods="ar,pld")
     assert code == 0, err
     assert run["extra"]["dtype_choice"]["dtype"] == "float32"
-    assert "ar in bfloat16 skipped" in err
+    assert "ar in bfloat16: predicted" in err and "skipped" in err
     assert labels_run(tmp_path) == {"ar", "pld"}
     assert "dtypes" not in run["extra"]["variants"]["pld"]
+    # The report's plan says what was left out; --full measures it all the same.
+    assert any(line.startswith("ar in bfloat16: predicted") for line in run["extra"]["plan"]["left_out"])
+    assert "ar in bfloat16: predicted" in (tmp_path / "run" / "report.md").read_text().split("\n## ", 1)[0]
+    (tmp_path / "full").mkdir()
+    code, run, err = bench(tmp_path / "full", tiny_pair, capsys, "ar,pld", "--full")
+    assert code == 0, err
+    assert run["extra"]["plan"]["left_out"] == [] and "ar bfloat16" in labels_run(tmp_path / "full")
 
 
 def test_a_copy_that_cannot_verify_trees_is_not_routed(tiny_pair):
@@ -192,7 +199,9 @@ def test_the_default_run_on_a_slow_cpu_leaves_out_what_adds_nothing(tmp_path, ti
     records = (tmp_path / "default" / "results.jsonl").read_text().splitlines()
     labels = {json.loads(r)["label"] for r in records}
     assert labels == {"ar", "pld", "pld-tree", "suffix"} and len(records) == 4 * 2
-    assert "left_out" in (tmp_path / "default" / "report.md").read_text()
+    header = (tmp_path / "default" / "report.md").read_text().split("\n## ", 1)[0]
+    assert "| plan | predicted " in header and "left out: " in header and "`--full` restores them" in header
+    assert "prompts: 1 per subtask instead of 2" in header
     # --full: every method and prompt, whatever the prediction.
     assert main(["bench", *models, "--full", "--out", str(tmp_path / "full"), *QUIET]) == 0
     plan = json.loads((tmp_path / "full" / "run.json").read_text())["extra"]["plan"]

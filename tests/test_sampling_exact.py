@@ -186,7 +186,8 @@ def test_sps_with_an_early_stop_is_still_exact(pair):
 @pytest.mark.statistical
 def test_cost_aware_sizing_is_still_exact(pair):
     """k chosen per round from costs and past acceptance (k = 0 included) leaves the output law intact."""
-    from draftlab.decode.sizing import CostModel, RoundSizer
+    from draftlab.decode.cost import CostModel
+    from draftlab.decode.round_sizer import RoundSizer
     from draftlab.models.profile import CostCurve
 
     target, draft = pair

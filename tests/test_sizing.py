@@ -11,7 +11,8 @@ from tiny import FAMILIES
 from tolerance import assert_greedy_equal, sum_tol
 
 from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.decode.sizing import CostModel, RoundSizer, Shadow, break_even_alpha, choose_k, expected_tokens
+from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
+from draftlab.decode.round_sizer import RoundSizer, Shadow
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt

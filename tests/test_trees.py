@@ -15,8 +15,9 @@ from tiny import FAMILIES
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
 from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.cost import CostModel
 from draftlab.decode.loop import SpeculativeDecoder
-from draftlab.decode.sizing import CostModel, TreeSizer
+from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.models import CachedModel, ModelSpec, load_model
 from draftlab.models.prompting import encode_prompt

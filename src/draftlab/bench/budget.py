@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from draftlab.bench.runner import WARMUP_TOKENS
-from draftlab.decode.sizing import CostModel, break_even_alpha, choose_k, expected_tokens
+from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
 from draftlab.models.profile import TIE_BAND, CostCurve
 
 # The generations' share of the default's 5 minutes: loading, warm-up and the report take the rest.
@@ -122,8 +122,3 @@ def fit(
     if chosen != limit:
         left_out.append(f"prompts: {chosen} per subtask instead of {limit}")
     return Fit([v.label for v in kept], chosen, predicted, full, left_out)
-
-
-def duration(seconds: float) -> str:
-    minutes, s = divmod(round(seconds), 60)
-    return f"{minutes} min {s:02d} s" if minutes else f"{s} s"

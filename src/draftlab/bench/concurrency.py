@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from draftlab.bench.metrics import LEVEL_SEPARATOR, level_label
+from draftlab.bench.concurrency_summary import LEVEL_SEPARATOR, level_label
 from draftlab.bench.records import RESULTS_FILE, Record, RunInfo
 from draftlab.bench.runner import Variant, check_contexts, prepare_output, to_record
 from draftlab.bench.suites import Example

@@ -6,12 +6,12 @@ configuration measured, with a note saying so.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from draftlab.bench.formatting import fmt_params
 from draftlab.decode.methods import is_speculative
 from draftlab.files import atomic_path
 
@@ -212,16 +212,6 @@ def plot_tokens_per_s_vs_draft_size(summary: dict, path: Path) -> Path:
     elif len(sizes) == 1:
         _note(ax, f"single configuration: one draft size ({fmt_params(sizes[0])})")
     return _save(fig, path)
-
-
-def fmt_params(count: float | None) -> str:
-    """A parameter count as people write it: 135M, 1.1B."""
-    if count is None or not math.isfinite(count):
-        return "-"
-    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if count >= size:
-            return f"{count / size:.3g}{suffix}"
-    return str(int(count))
 
 
 def plot_speedup_vs_tree_budget(summary: dict, path: Path) -> Path:

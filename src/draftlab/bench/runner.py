@@ -16,8 +16,8 @@ from rich.console import Console
 
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
+from draftlab.decode.cost import CostModel
 from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
-from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, check_context

@@ -8,6 +8,7 @@ import dataclasses
 from rich.console import Console
 
 from draftlab.bench import budget
+from draftlab.bench.formatting import fmt_duration
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.bench.suites import select
 from draftlab.cli.common import (
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     check_contexts(
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
+    args.skipped_dtypes = []  # what other_dtypes leaves out, for the report's plan
     variants = hf_variants(args, {m: configs[m] for m in chosen["hf"]}, target, draft, sampling) if hf else []
     extra: dict = {"engines": engines}
     if hf and "vllm" not in engines:
@@ -160,12 +162,17 @@ def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
             continue
         if dtype not in DTYPES:
             raise DraftlabError(f"unknown dtype '{dtype}' in --ar-dtypes (choose from {', '.join(DTYPES)})")
-        if args.ar_dtypes == "supported" and predicted and predicted[dtype] > 1.25 * min(predicted.values()):
+        hopeless = predicted and predicted[dtype] > 1.25 * min(predicted.values())
+        if args.ar_dtypes == "supported" and hopeless and not getattr(args, "full", False):
             # Its profile says it cannot be the fastest plain decoding here: measuring it costs time only.
-            Console(stderr=True).print(
-                f"[dim]ar in {dtype} skipped: predicted {predicted[dtype]:.2f} s per generation, "
-                f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s[/]"
+            why = (
+                f"ar in {dtype}: predicted {predicted[dtype]:.2f} s per generation, "
+                f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s"
             )
+            Console(stderr=True).print(f"[dim]{why}: skipped[/]")
+            skipped = getattr(args, "skipped_dtypes", None)
+            if skipped is not None and why not in skipped:
+                skipped.append(why)
             continue
         out.append(dtype)
     return out
@@ -216,13 +223,13 @@ def fit_budget(
         examples = select(examples, None, fitted.limit)
     generations = sum(len(e.turns) for e in examples)
     console.print(
-        f"[dim]predicted: {budget.duration(fitted.predicted_s)} for {len(kept)} variants × "
+        f"[dim]predicted: {fmt_duration(fitted.predicted_s)} for {len(kept)} variants × "
         f"{generations} generations (plain decoding from the cost profile, an upper bound)[/]"
     )
     if fitted.left_out:
         console.print(
-            f"[dim]left out to stay within {budget.duration(budget.DEFAULT_BUDGET_S)} "
-            f"(everything: {budget.duration(fitted.full_s)}; --full runs it):[/]"
+            f"[dim]left out to stay within {fmt_duration(budget.DEFAULT_BUDGET_S)} "
+            f"(everything: {fmt_duration(fitted.full_s)}; --full runs it):[/]"
         )
         for line in fitted.left_out:
             console.print(f"[dim]  {line}[/]")
@@ -230,7 +237,7 @@ def fit_budget(
         "predicted_s": round(fitted.predicted_s, 1),
         "budget_s": budget.DEFAULT_BUDGET_S if not explicit else None,
         "everything_s": round(fitted.full_s, 1),
-        "left_out": fitted.left_out,
+        "left_out": [*getattr(args, "skipped_dtypes", []), *fitted.left_out],
     }
     return kept, examples, record
 

@@ -7,8 +7,8 @@ import math
 
 from rich.console import Console
 
+from draftlab.decode.cost import CostModel
 from draftlab.decode.methods import DEFAULTS, DecoderConfig
-from draftlab.decode.sizing import CostModel
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, load_spec
-from draftlab.decode.sizing import CostModel, break_even_alpha
+from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.models.loading import ModelSpec

@@ -9,7 +9,7 @@ prompt alone.
 With a proposer that suggests nothing, the same loop is plain autoregressive decoding,
 so the baseline and the methods share one code path.
 With a `RoundSizer`, each round's draft length comes from the machine's cost curve and the
-acceptance seen so far (decode/sizing.py); a round of k = 0 is a plain target step.
+acceptance seen so far (decode/round_sizer.py); a round of k = 0 is a plain target step.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from draftlab.decode.details import RoundDetails
-from draftlab.decode.sizing import Choice, RoundSizer, Shadow, TreeSizer
+from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow
 from draftlab.decode.timing import synchronized_clock
+from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
 from draftlab.proposers.base import Proposal, Proposer
@@ -279,7 +280,7 @@ class SpeculativeDecoder:
         """A tree round: the proposer's candidate tree, cut to the nodes worth one pass here.
 
         Without a cost profile the tree is cut to its best chain (as long as γ), and with a fixed
-        `tree_budget` to that many nodes; otherwise the sizer chooses the budget (decode/sizing.py).
+        `tree_budget` to that many nodes; otherwise the sizer chooses the budget (decode/tree_sizer.py).
         """
         sizer, proposer = self.sizer, self.proposer
         depth = min(self.gamma, budget)

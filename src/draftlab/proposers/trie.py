@@ -12,8 +12,6 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from draftlab.proposal import Proposal
 
 
@@ -84,16 +82,3 @@ class ContinuationTrie:
         proposal = Proposal(tokens, kind=kind, parents=parents, scores=scores, sources=[source] * len(tokens))
         # Best-first order is topological and lists a parent's likelier children first.
         return proposal, origins
-
-
-def find_matches(context: np.ndarray, pattern: np.ndarray) -> np.ndarray:
-    """Start indices i where context[i : i + len(pattern)] == pattern, excluding the very end."""
-    n = len(pattern)
-    if n == 0 or len(context) <= n:
-        return np.empty(0, dtype=np.int64)
-    hits = np.flatnonzero(context[: len(context) - n] == pattern[0])
-    for j in range(1, n):
-        if hits.size == 0:
-            break
-        hits = hits[context[hits + j] == pattern[j]]
-    return hits

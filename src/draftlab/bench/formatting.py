@@ -1,0 +1,83 @@
+"""How a figure is written: numbers, rates, percentages, durations, parameter counts, speed-ups with
+their confidence intervals, and the method names the seed reports used."""
+
+from __future__ import annotations
+
+import math
+
+from draftlab.decode.methods import REGISTRY
+
+# The names the seed reports used ("AS: ... tokens/sec, SPS: ...") for labels that are a bare method.
+SEED_NAMES = {name: spec.seed_name for name, spec in REGISTRY.items()}
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def fmt_speedup(m: dict, prefix: str = "", ci: bool = True) -> str:
+    """ "1.44× [1.14, 1.68]"; "baseline" for the baseline itself; "-" when it cannot be computed."""
+    value = m.get(f"{prefix}speedup")
+    if value is None:
+        return "-"
+    if m.get("is_baseline"):
+        return "baseline"
+    text = f"{value:.2f}×"
+    if ci:
+        text += f" {fmt_ci(m, prefix)}" if fmt_ci(m, prefix) != "-" else ""
+    return text
+
+
+def fmt_vs_best(m: dict) -> str:
+    """ "0.98× [0.95, 1.01]" over the fastest plain decoding of the group; "best" for that one itself."""
+    value = m.get("vs_best_ar")
+    if value is None:
+        return "-"
+    if m.get("best_plain") == m.get("label"):
+        return "best"
+    text = f"{value:.2f}×"
+    low, high = m.get("vs_best_ar_ci_low"), m.get("vs_best_ar_ci_high")
+    return text + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+
+
+def fmt_ci(m: dict, prefix: str = "") -> str:
+    low, high = m.get(f"{prefix}speedup_ci_low"), m.get(f"{prefix}speedup_ci_high")
+    if low is None or high is None:
+        return "-"
+    return f"[{low:.2f}, {high:.2f}]"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def fmt_greedy(m: dict) -> str:
+    if not m.get("greedy_compared"):
+        return "-"
+    return f"{m['greedy_match_rate'] * 100:.0f}% ({m['greedy_matches']}/{m['greedy_compared']})"
+
+
+def fmt_duration(seconds: float) -> str:
+    """ "12 min 05 s", "40 s" (as the bench prints its plan)."""
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes} min {s:02d} s" if minutes else f"{s} s"
+
+
+def fmt_params(count: float | None) -> str:
+    """A parameter count as people write it: 135M, 1.1B."""
+    if count is None or not math.isfinite(count):
+        return "-"
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= size:
+            return f"{count / size:.3g}{suffix}"
+    return str(int(count))
+
+
+def seed_name(label: str) -> str:
+    return SEED_NAMES.get(label, label)

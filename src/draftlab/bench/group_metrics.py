@@ -1,0 +1,228 @@
+"""All figures of one group of records (a label, overall or within a subtask) against its baseline's.
+
+Definitions of the speculative-decoding figures (per group):
+
+* acceptance_rate = Σ accepted / Σ drafted: the share of drafted tokens that were kept.
+* alpha_hat (α̂) = Σ accepted / (Σ accepted + Σ rollbacks): the per-token acceptance probability
+  in Leviathan et al. (2023). Each round is a run of i.i.d. Bernoulli(α) trials that stops at the
+  first rejection (a rollback) or after γ successes; successes / (successes + failures) is the
+  maximum-likelihood estimate of α. accepted/drafted is biased low as an estimate of α, because
+  the draft tokens after a rejection were never tried but still count as drafted.
+* mean_accepted_length = Σ new tokens / Σ verification rounds: tokens per round, the target's own
+  token included (1.0 for AR), as vLLM and Spec-Bench count it.
+* cost_ratio c = draft step time / target step time. Draft step = Σ propose_s / Σ propose_calls
+  over the group's records; target step = Σ decode_s / Σ (target_calls − 1) over the baseline's
+  records of the same group (AR runs one target forward per decode token). `None` when there is
+  no draft forward pass (prompt lookup has no draft model: c = 0 would be wrong) or no baseline.
+* predicted_speedup = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023, walltime
+  improvement; (γ+1)/(γc+1) when α̂ = 1). The model assumes γ drafts per round, so it is not
+  computed for BiLD, whose blocks end dynamically. It models decode steps only, so
+  measured_over_predicted divides the decode-only speed-up by it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from draftlab.bench.labels import unique_value
+from draftlab.bench.rates import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    decode_tokens,
+    ratio,
+    speedup,
+    throughput,
+)
+from draftlab.bench.records import Record
+
+
+def _elementwise_sum(lists: Iterable[list[int]]) -> list[int]:
+    total: list[int] = []
+    for values in lists:
+        if len(values) > len(total):
+            total.extend([0] * (len(values) - len(total)))
+        for i, v in enumerate(values):
+            total[i] += v
+    return total
+
+
+def acceptance(records: Sequence[Record]) -> dict:
+    """acceptance_rate, α̂ (Leviathan MLE), mean accepted length and per-position acceptance."""
+    drafted = sum(r.drafted for r in records)
+    accepted = sum(r.accepted for r in records)
+    rollbacks = sum(r.rollbacks for r in records)
+    target_calls = sum(r.target_calls for r in records)
+    rounds = sum(r.rounds for r in records)
+    new_tokens = sum(r.new_tokens for r in records)
+    d_pos = _elementwise_sum(r.drafted_per_position for r in records)
+    a_pos = _elementwise_sum(r.accepted_per_position for r in records)
+    a_pos = (a_pos + [0] * (len(d_pos) - len(a_pos)))[: len(d_pos)]
+    return {
+        "drafted": drafted,
+        "accepted": accepted,
+        "rollbacks": rollbacks,
+        "acceptance_rate": ratio(accepted, drafted),
+        "alpha_hat": ratio(accepted, accepted + rollbacks) if drafted else None,
+        "target_calls": target_calls,
+        "rounds": rounds,
+        # Tokens per verification round, the target's own token included (vLLM, Spec-Bench): AR is 1.
+        "mean_accepted_length": ratio(new_tokens, rounds),
+        "drafted_per_position": d_pos,
+        "accepted_per_position": a_pos,
+        "acceptance_per_position": [ratio(a, d) for a, d in zip(a_pos, d_pos, strict=True)],
+    }
+
+
+def sizing(records: Sequence[Record]) -> dict:
+    """Cost-aware sizing: the distribution of k per round, the share of plain rounds (k = 0), probes,
+    and the cost curve's predicted speed-up over plain decoding for the rounds that were run
+    (Σ ms plain decoding would spend on the expected tokens / Σ predicted ms)."""
+    counts = _elementwise_sum(r.k_counts for r in records)
+    rounds = sum(counts)
+    predicted_ms = sum(r.predicted_ms for r in records)
+    dtypes: dict[str, int] = {}
+    for r in records:
+        if r.dtype:
+            dtypes[r.dtype] = dtypes.get(r.dtype, 0) + 1
+    timed = sum(r.timed_rounds for r in records)
+    return {
+        "dtypes": dtypes,  # generations per target dtype (a routed method may use several)
+        # Σ measured round ms / Σ ms the cached profile predicted for those rounds
+        "profile_fit": ratio(sum(r.measured_ms for r in records), sum(r.profiled_ms for r in records))
+        if timed
+        else None,
+        "timed_rounds": timed,
+        "k_counts": counts,
+        "k0_share": ratio(counts[0], rounds) if counts else None,
+        "mean_k": ratio(sum(k * n for k, n in enumerate(counts)), rounds) if counts else None,
+        "probes": sum(r.probes for r in records),
+        "cost_predicted_speedup": ratio(sum(r.predicted_plain_ms for r in records), predicted_ms)
+        if counts
+        else None,
+    }
+
+
+def trees(records: Sequence[Record]) -> dict:
+    """Token trees: nodes verified per tree round, the share of tree rounds whose accepted path
+    left the proposer's first choice, why a method fell back to chains, and the earlier outputs
+    a SuffixDecoding proposer drew on (output label -> generations that used it)."""
+    rounds = sum(r.tree_rounds for r in records)
+    used: dict[str, int] = {}
+    for r in records:
+        for name in (r.proposer_info or {}).get("earlier_outputs_used", {}):
+            used[name] = used.get(name, 0) + 1
+    fallbacks = {r.tree_fallback for r in records if r.tree_fallback}
+    return {
+        "tree_rounds": rounds,
+        "nodes_per_round": ratio(sum(r.tree_nodes for r in records), rounds) if rounds else None,
+        "branch_win_share": ratio(sum(r.branch_wins for r in records), rounds) if rounds else None,
+        "tree_fallback": "; ".join(sorted(fallbacks)) or None,
+        "earlier_outputs_used": used,
+    }
+
+
+def draft_step_s(records: Sequence[Record]) -> float | None:
+    """Seconds per draft forward pass while proposing: Σ propose_s / Σ propose_calls."""
+    return ratio(sum(r.propose_s for r in records), sum(r.propose_calls for r in records))
+
+
+def target_step_s(baseline_records: Sequence[Record]) -> float | None:
+    """Seconds per target forward pass in decoding, from AR records: Σ decode_s / Σ(target_calls − 1)."""
+    calls = sum(max(r.target_calls - 1, 0) for r in baseline_records)
+    return ratio(sum(r.decode_s for r in baseline_records), calls)
+
+
+def cost_ratio(records: Sequence[Record], baseline_records: Sequence[Record]) -> float | None:
+    """c = draft step time / target step time; None without draft forward passes or a baseline."""
+    draft, target = draft_step_s(records), target_step_s(baseline_records)
+    if draft is None or target is None:
+        return None
+    return draft / target
+
+
+def predicted_speedup(alpha: float | None, gamma: int | None, c: float | None) -> float | None:
+    """Leviathan et al. (2023): (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the limit (γ+1)/(γc+1) at α = 1."""
+    if alpha is None or gamma is None or c is None or gamma < 1:
+        return None
+    denominator = gamma * c + 1
+    if alpha >= 1.0:
+        return (gamma + 1) / denominator
+    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * denominator)
+
+
+def greedy_match(records: Sequence[Record]) -> dict:
+    compared = [r.greedy_match for r in records if r.greedy_match is not None]
+    matches = sum(1 for m in compared if m)
+    return {
+        "greedy_compared": len(compared),
+        "greedy_matches": matches,
+        "greedy_match_rate": ratio(matches, len(compared)),
+    }
+
+
+def bild_stats(records: Sequence[Record]) -> dict:
+    kept = sum(r.draft_tokens_kept for r in records)
+    return {
+        "fallbacks": sum(r.fallbacks for r in records),
+        "draft_tokens_kept": kept,
+        "draft_share": ratio(kept, sum(r.new_tokens for r in records)),
+    }
+
+
+def prefill_stats(records: Sequence[Record]) -> dict:
+    prefill = [r.prefill_s for r in records]
+    dec = sum(decode_tokens(r) for r in records)
+    per_token = ratio(sum(r.decode_s for r in records), dec)
+    return {
+        "prefill_ms_mean": sum(prefill) / len(prefill) * 1000 if prefill else None,
+        "prefill_ms_median": statistics.median(prefill) * 1000 if prefill else None,
+        "time_per_token_ms": per_token * 1000 if per_token is not None else None,
+    }
+
+
+def group_metrics(
+    records: Sequence[Record],
+    baseline_records: Sequence[Record],
+    *,
+    is_baseline: bool = False,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict:
+    """All figures of one group (a label, overall or within a subtask) against its baseline's records."""
+    out: dict = {
+        "method": unique_value(r.method for r in records),
+        "gamma": unique_value(r.gamma for r in records),
+    }
+    out.update(throughput(records))
+    if is_baseline:
+        out.update(
+            matched_keys=len({r.key for r in records}),
+            speedup=1.0 if out["tokens_per_s"] is not None else None,
+            speedup_ci_low=None,
+            speedup_ci_high=None,
+            decode_speedup=1.0 if out["decode_tokens_per_s"] is not None else None,
+            decode_speedup_ci_low=None,
+            decode_speedup_ci_high=None,
+        )
+    else:
+        out.update(speedup(records, baseline_records, resamples=resamples, seed=seed))
+    out["is_baseline"] = is_baseline
+    out.update(acceptance(records))
+    draft, target = draft_step_s(records), target_step_s(baseline_records)
+    c = draft / target if draft is not None and target is not None else None
+    out["draft_step_ms"] = draft * 1000 if draft is not None else None
+    out["target_step_ms"] = target * 1000 if target is not None else None
+    out["cost_ratio"] = c
+    predicted = None
+    if out["method"] != "bild" and not is_baseline:
+        predicted = predicted_speedup(out["alpha_hat"], out["gamma"], c)
+    out["predicted_speedup"] = predicted
+    decode = out["decode_speedup"]
+    out["measured_over_predicted"] = decode / predicted if decode is not None and predicted else None
+    out.update(sizing(records))
+    out.update(trees(records))
+    out.update(greedy_match(records))
+    out.update(bild_stats(records))
+    out.update(prefill_stats(records))
+    return out

@@ -1,0 +1,111 @@
+"""The head of a report: what ran, on what, how it was planned, and which method won.
+
+A few rows a person reads at a glance; every setting of every variant stays in run.json.
+"""
+
+from __future__ import annotations
+
+from draftlab.bench.formatting import fmt_duration
+from draftlab.bench.table_data import TableData
+from draftlab.bench.tables import best_label
+from draftlab.decode.methods import is_speculative
+
+FULL_SETTINGS = "full settings: run.json (every variant's settings, the software versions, the host)"
+
+
+def header_rows(summary: dict) -> list[tuple[str, str]]:
+    """(name, value) rows: target, draft, dtype and why, processor, engines, suite, decoding, plan, winner."""
+    run = summary["run"]
+    extra = run.get("extra") or {}
+    rows = [
+        ("target", run["target"]),
+        ("draft", run["draft"] or "-"),
+        ("dtype", _dtype(run, extra.get("dtype_choice"))),
+    ]
+    if extra.get("hardware"):
+        rows.append(_hardware(extra["hardware"]))
+    engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or ["hf"]
+    baselines = sorted({m["baseline"] for m in summary["overall"].values()}) or [run["baseline"]]
+    rows += [
+        ("engines", ", ".join(engines)),
+        ("suite", _suite(summary, extra)),
+        (
+            "decoding",
+            f"temperature {run['temperature']:g}, up to {run['max_new_tokens']} new tokens; "
+            f"speed-ups over {', '.join(baselines)}",
+        ),
+    ]
+    if extra.get("plan"):
+        rows.append(("plan", _plan(extra["plan"])))
+    rows.append(("winner", winner_line(summary)))
+    return rows
+
+
+def header_table(summary: dict) -> TableData:
+    return TableData("Run", ["", ""], [list(row) for row in header_rows(summary)], FULL_SETTINGS)
+
+
+def header_lines(summary: dict) -> list[str]:
+    """The same rows as "name: value" lines, for the console."""
+    return [f"{name}: {value}" for name, value in header_rows(summary)] + [FULL_SETTINGS]
+
+
+def winner_line(summary: dict) -> str:
+    """The fastest speculative method against the fastest plain decoding ("vs best ar"), overall."""
+    overall = summary["overall"]
+    plain = next((m["best_plain"] for m in overall.values() if m.get("best_plain")), None)
+    if plain is None:
+        return "no plain decoding was measured: no method can be compared with it"
+    best = best_label(overall, [label for label, m in overall.items() if is_speculative(m.get("method"))])
+    if best is None or overall[best].get("vs_best_ar") is None:
+        return f"no speculative method to compare; the fastest plain decoding was {plain}"
+    m = overall[best]
+    low, high = m.get("vs_best_ar_ci_low"), m.get("vs_best_ar_ci_high")
+    ci = f", 95% CI [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    speed = f"{m['vs_best_ar']:.2f}× the speed of the fastest plain decoding ({plain}){ci}"
+    if m["vs_best_ar"] <= 1:
+        return f"no method beat the fastest plain decoding; the closest, {best}, ran at {speed}"
+    if low is not None and low <= 1:
+        return f"{best}: {speed}; the interval reaches 1×, so the win is not clear"
+    return f"{best}: {speed}"
+
+
+def _dtype(run: dict, choice: dict | None) -> str:
+    text = f"{run['dtype']} on {run['device']}"
+    if choice:
+        text += f"; dtype chosen: {choice['dtype']}, because {choice['reason']}"
+    return text
+
+
+def _hardware(hw: dict) -> tuple[str, str]:
+    if hw.get("kind") == "cuda":
+        return "GPU", f"{hw.get('name')}, compute capability {hw.get('capability')}"
+    ident = f" ({hw['cpu_id']})" if hw.get("cpu_id") else ""
+    flags = ", ".join(hw.get("isa_flags") or []) or "none listed"
+    return "CPU", f"{hw.get('name')}{ident}; ISA flags: {flags}"
+
+
+def _suite(summary: dict, extra: dict) -> str:
+    text = f"{summary['run']['suite']}: {', '.join(summary['subtask_names'])}"
+    if extra.get("examples"):
+        counts = f"{extra['examples']} prompts"
+        if extra.get("turns") and extra["turns"] != extra["examples"]:
+            counts += f", {extra['turns']} turns"
+        if (extra.get("repeats") or 1) > 1:
+            counts += f", each {extra['repeats']} times"
+        text += f" ({counts})"
+    return text
+
+
+def _plan(plan: dict) -> str:
+    text = f"predicted {fmt_duration(plan['predicted_s'])}" if plan.get("predicted_s") is not None else ""
+    text = (
+        text
+        + (f" of a {fmt_duration(plan['budget_s'])} budget" if plan.get("budget_s") else " (no time budget)")
+    ).strip()
+    left_out = plan.get("left_out") or []
+    if not left_out:
+        return f"{text}; nothing left out"
+    everything = plan.get("everything_s")
+    full = f", everything: {fmt_duration(everything)}" if everything is not None else ""
+    return f"{text}; left out: {'; '.join(left_out)} (`--full` restores them{full})"

@@ -1,0 +1,82 @@
+"""What a round costs here and what it is expected to yield: the cost model (ms per pass, from the
+machine's profiles of the target and the draft), the draft length k that maximises
+
+    E[tokens | k] / (draft cost(k) + verify cost(k + 1)),   E[tokens | k] = 1 + Σ_{i<k} Π_{j<=i} α_j,
+
+and the break-even acceptance above which drafting k tokens a round beats plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftlab.models.profile import CostCurve
+
+
+@dataclass
+class CostModel:
+    """ms per pass, from the profiles of the target and (for a draft-model method) the draft."""
+
+    target: CostCurve
+    draft: CostCurve | None = None
+
+    def verify_ms(self, n: int, context: int) -> float:
+        return self.target.forward_ms(n, context)
+
+    def draft_ms(self, k: int, context: int, pending: int = 2) -> float:
+        """k draft passes: the first catches up `pending` tokens the draft has not seen yet."""
+        if k <= 0 or self.draft is None:
+            return 0.0
+        # A long lag (the prompt, with a lazy prefill) costs what a prefill of that length costs.
+        first = (
+            self.draft.prefill(pending)
+            if pending > max(self.draft.sizes)
+            else self.draft.forward_ms(max(pending, 1), context)
+        )
+        return first + (k - 1) * self.draft.forward_ms(1, context)
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """1 (the target's own token) + Σ over draft positions of P(accepted up to there)."""
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= alphas[j]
+        total += survive
+    return total
+
+
+def choose_k(verify_ms, draft_ms, alphas: list[float], k_max: int, context: int) -> tuple[int, float, float]:
+    """The k in 0..k_max maximising expected tokens per ms; returns (k, E[tokens], cost ms).
+
+    `verify_ms(n, context)` and `draft_ms(k, context)` give costs; `alphas` has k_max entries.
+    Ties go to the smaller k: speculation must earn its place.
+    """
+    best = (0, 1.0, verify_ms(1, context))
+    best_rate = best[1] / best[2]
+    for k in range(1, k_max + 1):
+        tokens = expected_tokens(alphas, k)
+        cost = draft_ms(k, context) + verify_ms(k + 1, context)
+        if tokens / cost > best_rate * (1 + 1e-9):
+            best, best_rate = (k, tokens, cost), tokens / cost
+    return best
+
+
+def break_even_alpha(cost: CostModel, k: int, context: int) -> float | None:
+    """The i.i.d. acceptance α above which drafting k tokens a round beats plain decoding (None: never).
+
+    Solves (1 − α^(k+1)) / (1 − α) = (draft cost(k) + verify cost(k + 1)) / verify cost(1) by
+    bisection; the left side grows with α, from 1 at α = 0 to k + 1 at α = 1.
+    """
+    need = (cost.draft_ms(k, context) + cost.verify_ms(k + 1, context)) / cost.verify_ms(1, context)
+    if need <= 1.0:
+        return 0.0
+    if need >= k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if expected_tokens([mid] * k, k) < need:
+            low = mid
+        else:
+            high = mid
+    return high

@@ -1,0 +1,290 @@
+"""Cost-aware round sizing: how many draft tokens to verify next, from what a pass costs here.
+
+Before each round the decoder picks the draft length k that maximises expected tokens per second,
+
+    E[tokens | k] / (draft cost(k) + verify cost(k + 1)),   E[tokens | k] = 1 + Σ_{i<k} Π_{j<=i} α_j,
+
+with costs from the machine's profile at the current context length and α_j the estimated
+probability that draft position j is accepted given that the positions before it were. k = 0 is a
+plain target step, so when drafting cannot pay the method decodes as plain autoregression does.
+
+Why this stays lossless: k depends only on what happened before the round (the prefix, past
+acceptances and, for prompt lookup, the proposal itself, a function of the prefix), never on the
+round's own random draws. Speculative sampling is exact for every fixed k (Leviathan et al. 2023,
+Theorem 1; Chen et al. 2023), so conditioned on the history each round emits tokens distributed as
+the target's; adaptive draft lengths rest on the same argument (SpecDec++, Huang et al. 2024).
+Greedy rounds emit the target's argmax tokens for any k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from draftlab.decode.cost import CostModel, choose_k, expected_tokens
+
+# How much the run's history weighs against the current example, in rounds.
+PRIOR_WEIGHT = 4.0
+# Per round, older evidence of the current example fades by this factor (acceptance drifts).
+EXAMPLE_DECAY = 0.9
+# A draft model at k = 0 probes with k = 1 now and then: at most this share of the time goes to
+# probing, the gap between probes doubles after each rejected probe, up to 8 times the first gap.
+PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF = 0.02, 8, 8
+# Measured round time / predicted round time is tracked (separately for plain and speculative
+# rounds) with this smoothing, so a profile that is off on this run is corrected as it goes.
+CALIBRATION_SMOOTHING = 0.1
+
+
+class AcceptanceStats:
+    """Per draft position j: rounds that reached j (all earlier positions accepted) and accepted j."""
+
+    def __init__(self) -> None:
+        self.reached: list[float] = []
+        self.accepted: list[float] = []
+
+    def add(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+        tried = min(drafted, accepted + 1)  # positions after the first rejection were never tried
+        while len(self.reached) < tried:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(tried):
+            self.reached[j] += weight
+            self.accepted[j] += weight * (j < accepted)
+
+    def decay(self, factor: float) -> None:
+        self.reached = [x * factor for x in self.reached]
+        self.accepted = [x * factor for x in self.accepted]
+
+    def rate(self, j: int, prior: float, weight: float) -> float:
+        """Posterior mean of α_j with `prior` counted as `weight` pseudo-rounds."""
+        reached = self.reached[j] if j < len(self.reached) else 0.0
+        accepted = self.accepted[j] if j < len(self.accepted) else 0.0
+        return (accepted + weight * prior) / (reached + weight)
+
+
+@dataclass
+class Choice:
+    k: int
+    expected_tokens: float
+    cost_ms: float
+    plain_ms: float  # one plain target step at this context
+    probe: bool = False
+
+
+@dataclass
+class _KindState:
+    run: AcceptanceStats = field(default_factory=AcceptanceStats)
+    example: AcceptanceStats = field(default_factory=AcceptanceStats)
+    proposals: int = 0  # rounds that had a proposal of this kind
+
+
+@dataclass
+class Evidence:
+    """What a method has learned about acceptance; sizers of one method in several dtypes share it."""
+
+    kinds: dict[str | None, _KindState] = field(default_factory=dict)
+    rounds: int = 0  # rounds sized
+    rounds_with_proposal: int = 0
+    # Measured / predicted round time, for plain (k = 0) and speculative rounds. Shared by the
+    # copies of a routed method: it captures this run's conditions (load, Python overhead), which
+    # they have in common, and a copy that was never chosen must not look cheaper for lack of it.
+    calibration: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})
+    # Tree methods: node-score calibration per source, and the running (E[tokens], nodes) that
+    # recent tree rounds were expected to bring.
+    tree_scores: dict = field(default_factory=dict)
+    tree_gain: list[float] = field(default_factory=list)
+    # Recent drafted tree rounds: tokens only the draft proposed and the target accepted, draft
+    # nodes verified, draft passes taken (moving averages).
+    tree_draft_gain: list[float] = field(default_factory=list)
+
+
+class RoundSizer:
+    """Chooses each round's k for one decoder; keeps a prior across the run's generations.
+
+    `free_drafts` is True for proposers whose drafts cost nothing to make (prompt lookup): they
+    propose first and the sizer trims, and at k = 0 the loop compares the unused proposal with
+    the tokens the target then writes, so acceptance keeps being learned for free. A draft model
+    instead probes with k = 1 now and then, at a bounded cost, so that one bad stretch does not
+    switch speculation off for good.
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        k_max: int,
+        free_drafts: bool,
+        prior: float = 0.5,
+        evidence: Evidence | None = None,
+        calibrate: bool = True,
+    ) -> None:
+        self.cost = cost
+        self.k_max = k_max
+        self.free_drafts = free_drafts
+        self.initial_prior = prior
+        self.evidence = evidence if evidence is not None else Evidence()
+        self.kinds = self.evidence.kinds
+        self.calibration = self.evidence.calibration
+        self.calibrate = calibrate  # False: trust the profile as it is (reproducible choices)
+        self.propose_ms = 0.0  # running mean of a free proposer's own time per round
+        self._since_probe = 0
+        self._misses = 0  # rejected probes in a row
+
+    def share(self, evidence: Evidence) -> None:
+        """Learn into (and from) another sizer's evidence: the same method with another dtype."""
+        self.evidence = evidence
+        self.kinds = evidence.kinds
+        self.calibration = evidence.calibration
+
+    def start(self) -> None:
+        """A new generation: the example's own evidence starts empty, the run's prior stays."""
+        for state in self.kinds.values():
+            state.example = AcceptanceStats()
+
+    def _probe_gap(self, extra: float, plain: float) -> int:
+        """Plain steps between probes that each cost `extra` ms over a plain step of `plain` ms, so
+        that probing costs at most PROBE_BUDGET of the time."""
+        gap = max(PROBE_MIN_GAP, math.ceil(extra / (PROBE_BUDGET * plain)))
+        return gap * min(2**self._misses, PROBE_BACKOFF)
+
+    def _state(self, kind: str | None) -> _KindState:
+        return self.kinds.setdefault(kind, _KindState())
+
+    def alphas(self, kind: str | None, n: int) -> list[float]:
+        state = self._state(kind)
+        out: list[float] = []
+        prior = self.initial_prior
+        for j in range(n):
+            # Where the run has no evidence at depth j, carry the estimate of depth j - 1.
+            run_prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            rate = state.example.rate(j, run_prior, PRIOR_WEIGHT)
+            out.append(rate)
+            prior = rate
+        return out
+
+    def _costs(self, pending: int = 2):
+        calibrated = self.calibration
+
+        def draft_ms(k: int, ctx: int) -> float:
+            return self.propose_ms if self.free_drafts else self.cost.draft_ms(k, ctx, pending)
+
+        def verify_ms(n: int, ctx: int) -> float:
+            # A round's measured cost includes the drafts; the factor applies to the round as a
+            # whole, so it is folded into the verify term relative to the draft term.
+            return self.cost.verify_ms(n, ctx) * calibrated[n > 1] + (
+                (calibrated[True] - 1) * draft_ms(n - 1, ctx) if n > 1 else 0.0
+            )
+
+        return verify_ms, draft_ms
+
+    def tokens_per_ms(self, context: int) -> float:
+        """Expected decoding rate at this context from the run's evidence (no side effects).
+
+        Rounds without a proposal (no n-gram match) are plain steps; the others take the best k
+        for their kind of proposal, weighted by how often each kind came up.
+        """
+        verify_ms, draft_ms = self._costs()
+        plain = 1.0 / verify_ms(1, context)
+        evidence = self.evidence
+        if self.free_drafts:
+            share = evidence.rounds_with_proposal / evidence.rounds if evidence.rounds else 1.0
+            weights = {kind: state.proposals for kind, state in self.kinds.items() if state.proposals}
+        else:
+            share, weights = 1.0, {None: 1}
+        if not weights:
+            return plain
+        total = sum(weights.values())
+        speculative = 0.0
+        for kind, weight in weights.items():
+            alphas = self._run_alphas(kind, self.k_max)
+            _, tokens, cost = choose_k(verify_ms, draft_ms, alphas, self.k_max, context)
+            speculative += weight / total * tokens / cost
+        return share * speculative + (1 - share) * plain
+
+    def _run_alphas(self, kind: str | None, n: int) -> list[float]:
+        state = self._state(kind)
+        out, prior = [], self.initial_prior
+        for j in range(n):
+            prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            out.append(prior)
+        return out
+
+    def choose(self, context: int, limit: int, kind: str | None = None, pending: int = 2) -> Choice:
+        limit = min(limit, self.k_max)
+        plain = self.cost.verify_ms(1, context)
+        alphas = self.alphas(kind, limit)
+        verify_ms, draft_ms = self._costs(pending)
+        self.evidence.rounds += 1
+        if limit > 0:
+            self.evidence.rounds_with_proposal += 1
+            self._state(kind).proposals += 1
+
+        k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context)
+        if k == 0 and not self.free_drafts and limit > 0:
+            self._since_probe += 1
+            extra = self.cost.draft_ms(1, context) + self.cost.verify_ms(2, context) - plain
+            if self._since_probe >= self._probe_gap(extra, plain):
+                self._since_probe = 0
+                tokens = expected_tokens(alphas, 1)
+                return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
+        return Choice(k, tokens, cost, plain)
+
+    def observe_time(self, choice: Choice, measured_ms: float) -> float:
+        """Correct the profile by what rounds of this kind really took in this run; returns what the
+        profile alone predicted for the round (ms), so that a run can tell a stale profile."""
+        if choice.cost_ms <= 0:
+            return 0.0
+        speculative = choice.k > 0
+        profiled = choice.cost_ms / self.calibration[speculative]
+        if not self.calibrate:
+            return profiled
+        ratio = measured_ms / profiled
+        ratio = min(max(ratio, 0.25), 4.0)  # one stalled round (a page fault, a GC pause) must not steer
+        old = self.calibration[speculative]
+        self.calibration[speculative] = old + CALIBRATION_SMOOTHING * (ratio - old)
+        return profiled
+
+    def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
+        if drafted <= 0:
+            return
+        state = self._state(kind)
+        state.example.decay(EXAMPLE_DECAY)
+        state.example.add(drafted, accepted)
+        state.run.add(drafted, accepted)
+        if probe:
+            self._misses = 0 if accepted else self._misses + 1
+
+    def observe_propose_time(self, ms: float) -> None:
+        self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms
+
+
+class Shadow:
+    """At k = 0, a free proposal is checked against the tokens the target writes instead."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.kind: str | None = None
+        self.matched = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tokens)
+
+    def begin(self, tokens: list[int], kind: str | None) -> None:
+        self.tokens, self.kind, self.matched = list(tokens), kind, 0
+
+    def advance(self, written: list[int]) -> tuple[int, int, str | None] | None:
+        """Feed the target's new tokens; returns (tried, accepted, kind) once the shadow ends."""
+        for token in written:
+            if self.tokens[self.matched] != token:
+                return self.end(miss=True)
+            self.matched += 1
+            if self.matched == len(self.tokens):
+                return self.end(miss=False)
+        return None
+
+    def end(self, miss: bool = False) -> tuple[int, int, str | None] | None:
+        if not self.tokens:
+            return None
+        out = (self.matched + int(miss), self.matched, self.kind)
+        self.tokens, self.matched = [], 0
+        return out if out[0] > 0 else None

@@ -1,0 +1,221 @@
+"""Cost-aware token trees: how many nodes of a proposed tree to verify next, with node scores
+calibrated against what the target accepted (see TreeSizer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftlab.decode.cost import CostModel
+from draftlab.decode.round_sizer import Choice, RoundSizer
+
+# Tree rounds: node scores (draft probability, match frequency) are calibrated against what the
+# target accepted, per source and score bucket, with the score itself as the prior (EAGLE-2
+# observed that draft confidence tracks acceptance); the score counts as this many rounds.
+SCORE_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9)
+SCORE_PRIOR_WEIGHT = 2.0
+# The node budgets a tree round chooses among (0 is a plain target step).
+TREE_BUDGETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+TREE_SMOOTHING = 0.1  # how fast the expected gain of a tree round follows recent rounds
+
+
+@dataclass
+class _Calibration:
+    reached: list[float] = field(default_factory=lambda: [0.0] * (len(SCORE_BUCKETS) + 1))
+    accepted: list[float] = field(default_factory=lambda: [0.0] * (len(SCORE_BUCKETS) + 1))
+
+
+def _bucket(score: float) -> int:
+    for i, edge in enumerate(SCORE_BUCKETS):
+        if score < edge:
+            return i
+    return len(SCORE_BUCKETS)
+
+
+class TreeSizer(RoundSizer):
+    """Chooses each round's node budget N from the cost curve and the calibrated node scores.
+
+    The proposer builds a candidate tree; each node's chance of being accepted is estimated as
+    the calibrated score of every node on its path, and the N most likely nodes are verified,
+    with N maximising E[tokens | N] / cost(N), where E = 1 + Σ of those chances and the cost is
+    a verification pass over N + 1 tokens (plus, for a free proposer, its own time). N = 0 is a
+    plain step. For a draft-model tree, whose drafting costs passes, the decision to draft at all
+    is made before drafting, from the gain recent tree rounds were expected to bring, with rare
+    probe rounds when drafting does not pay. As for chains, every choice depends only on the
+    history, never on the round's own draws, so the rule's exactness holds for each round.
+    """
+
+    def __init__(self, cost: CostModel, depth: int, width: int, free_drafts: bool, **kwargs) -> None:
+        super().__init__(cost, k_max=depth, free_drafts=free_drafts, **kwargs)
+        self.width = width
+        self._drafted: tuple[float, float] | None = None  # (draft nodes verified, passes) this round
+
+    @property
+    def scores(self) -> dict[str, _Calibration]:
+        return self.evidence.tree_scores
+
+    @property
+    def gain(self) -> tuple[float, float] | None:
+        """The running (E[tokens], nodes) of fitted trees; None before the first."""
+        g = self.evidence.tree_gain
+        return (g[0], g[1]) if g else None
+
+    def _costs(self, pending: int = 2):
+        """A tree's verify cost, calibrated by this run's measured round times; its drafting is
+        costed separately (`tree_draft_ms`), never as one draft pass per node."""
+        calibrated = self.calibration
+
+        def verify_ms(n: int, ctx: int) -> float:
+            return self.cost.verify_ms(n, ctx) * calibrated[n > 1]
+
+        def draft_ms(k: int, ctx: int) -> float:
+            return 0.0
+
+        return verify_ms, draft_ms
+
+    # -- calibration -------------------------------------------------------------------------
+    def _key(self, proposal, i: int) -> str:
+        source = proposal.sources[i] if proposal.sources else "tree"
+        return source if source == "draft" or not proposal.kind else f"{source}|{proposal.kind}"
+
+    def accept_chance(self, key: str, score: float) -> float:
+        cal = self.scores.get(key)
+        b = _bucket(score)
+        if cal is None:
+            return score
+        return (cal.accepted[b] + SCORE_PRIOR_WEIGHT * score) / (cal.reached[b] + SCORE_PRIOR_WEIGHT)
+
+    def observe_tree(self, proposal, path: list[int]) -> None:
+        """Every node whose parent was accepted was reached; those on the path were accepted.
+
+        After a drafted round, the tokens that only the draft proposed and the target accepted
+        are what drafting really added: the next decision to draft follows that, not the
+        calibrated guess, so an over-confident draft stops being trusted after a round or two.
+        """
+        if self._drafted is not None:
+            nodes, passes = self._drafted
+            self._drafted = None
+            sources = proposal.sources or ["draft"] * len(proposal.tokens)
+            added = float(sum(sources[i] == "draft" for i in path))
+            _follow(self.evidence.tree_draft_gain, (added, nodes, passes))
+        if not proposal.tokens:
+            return
+        on_path = set(path)
+        scores = proposal.scores or [1.0] * len(proposal.tokens)
+        for i, p in enumerate(proposal.parent_list()):
+            if p >= 0 and p not in on_path:
+                continue
+            cal = self.scores.setdefault(self._key(proposal, i), _Calibration())
+            b = _bucket(scores[i])
+            cal.reached[b] += 1
+            cal.accepted[b] += float(i in on_path)
+
+    # -- choices -----------------------------------------------------------------------------
+    def tree_draft_ms(self, context: int, pending: int) -> float:
+        """A draft tree: one catch-up pass, then a pass over `width` leaves per further level, as
+        many levels as recent trees grew (they stop early where leaves get unlikely)."""
+        if self.cost.draft is None:
+            return 0.0
+        first = self.cost.draft_ms(1, context, pending)
+        drafted = self.evidence.tree_draft_gain
+        levels = drafted[2] if drafted else float(self.k_max)
+        return first + max(levels - 1.0, 0.0) * self.cost.draft.forward_ms(self.width, context)
+
+    def _round_rate(self, tokens: float, nodes: float, context: int, pending: int) -> float:
+        verify_ms, _ = self._costs()
+        n = max(1, round(nodes))
+        cost = verify_ms(n + 1, context) + (0.0 if self.free_drafts else self.tree_draft_ms(context, pending))
+        return tokens / cost
+
+    def expand_threshold(self, context: int) -> float:
+        """A draft tree grows one more level only while its best leaf is at least this likely:
+        a level costs one draft pass, which must buy at least what that time buys plainly."""
+        if self.cost.draft is None:
+            return 0.0
+        return self.cost.draft.forward_ms(self.width, context) / self.cost.verify_ms(1, context)
+
+    def wants_draft(
+        self, context: int, limit: int, pending: int = 2, base: tuple[float, int] = (1.0, 0)
+    ) -> Choice | None:
+        """Before a draft-model tree: None to draft, or the plain step to take instead.
+
+        `base` is (expected tokens, nodes) of the round without the draft: a plain step, or for a
+        hybrid the prompt-lookup tree already found for free. Drafting must add more than it costs,
+        judged by what draft nodes brought in recent drafted rounds, with rare probes otherwise.
+        """
+        verify_ms, _ = self._costs()
+        plain = self.cost.verify_ms(1, context)
+        self.evidence.rounds += 1
+        if limit <= 0:
+            return Choice(0, 1.0, verify_ms(1, context), plain)
+        drafted = self.evidence.tree_draft_gain
+        base_tokens, base_n = base
+        without = base_tokens / verify_ms(base_n + 1, context)
+        if not drafted:
+            return None  # nothing known yet: find out
+        gain, nodes, _ = drafted
+        draft_ms = self.tree_draft_ms(context, pending)
+        with_draft = (base_tokens + gain) / (verify_ms(base_n + round(nodes) + 1, context) + draft_ms)
+        if with_draft > without:
+            return None
+        self._since_probe += 1
+        extra = draft_ms + verify_ms(base_n + round(nodes) + 1, context) - verify_ms(base_n + 1, context)
+        if self._since_probe >= self._probe_gap(extra, plain):
+            self._since_probe = 0
+            return None
+        return Choice(0, 1.0, verify_ms(1, context), plain)
+
+    def _budget(self, proposal, context: int) -> tuple[list[float], int, float, float]:
+        """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
+        verify_ms, _ = self._costs()
+        scores = proposal.scores or [1.0] * len(proposal.tokens)
+        chances = [self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
+        values = proposal.path_values(chances)
+        ranked = sorted(values, reverse=True)
+        overhead = self.propose_ms if self.free_drafts else 0.0
+        best = (0, 1.0, verify_ms(1, context) + overhead)
+        sizes = [n for n in TREE_BUDGETS[1:] if n < len(ranked)] + [len(ranked)] if ranked else []
+        for n in sizes:
+            tokens, cost = 1.0 + sum(ranked[:n]), verify_ms(n + 1, context) + overhead
+            if tokens / cost > best[1] / best[2] * (1 + 1e-9):
+                best = (n, tokens, cost)
+        return values, *best
+
+    def preview(self, proposal, context: int) -> tuple[float, int]:
+        """(E[tokens], nodes) of the best sub-tree of `proposal`, without learning anything."""
+        if not proposal.tokens:
+            return 1.0, 0
+        _, n, tokens, _ = self._budget(proposal, context)
+        return tokens, n
+
+    def fit(self, proposal, context: int, drafted_ms: float = 0.0, draft_passes: int = 0):
+        """The sub-tree worth verifying now, and the choice made (drafting is already paid)."""
+        verify_ms, _ = self._costs()
+        plain = self.cost.verify_ms(1, context)
+        if self.free_drafts:
+            self.evidence.rounds += 1
+        if not proposal.tokens:
+            return proposal, Choice(0, 1.0, verify_ms(1, context), plain)
+        self.evidence.rounds_with_proposal += 1
+        values, best_n, best_tokens, best_cost = self._budget(proposal, context)
+        chosen = proposal.best(values, best_n) if best_n else proposal.select([])
+        _follow(self.evidence.tree_gain, (best_tokens, float(best_n)))
+        if drafted_ms > 0:
+            # The draft's share of the chosen tree; what it really adds is known after verification.
+            sources = chosen.sources or ["draft"] * len(chosen.tokens)
+            self._drafted = (float(sum("draft" in x for x in sources)), float(max(draft_passes, 1)))
+        return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
+
+    def tokens_per_ms(self, context: int) -> float:
+        verify_ms, _ = self._costs()
+        plain = 1.0 / verify_ms(1, context)
+        if self.gain is None:
+            return plain
+        return max(plain, self._round_rate(*self.gain, context, 2))
+
+
+def _follow(running: list[float], value: tuple[float, float]) -> None:
+    """An exponential moving average kept in place (it is shared by a method's dtype copies)."""
+    if not running:
+        running.extend(value)
+    else:
+        running[:] = [r + TREE_SMOOTHING * (v - r) for r, v in zip(running, value, strict=True)]
