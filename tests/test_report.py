@@ -347,3 +347,25 @@ def test_tree_budget_sweep_bolds_the_fastest_budget_of_each_subtask():
     (table,) = sweep_tables(summary)
     lines = markdown_table(table).splitlines()
     assert lines[2].endswith("| 1.20× | **1.30×** |") and lines[3].endswith("| **1.50×** | - |")
+
+
+def test_header_names_the_engine_whose_plain_decoding_was_fastest():
+    from draftlab.bench.run_header import best_engine_line, engine_of
+
+    assert [engine_of(x) for x in ("ar", "ar float32", "ar@llamacpp", "pld@vllm c=4")] == [
+        "hf",
+        "hf",
+        "llamacpp",
+        "vllm",
+    ]
+    overall = {
+        "ar": {"method": "ar", "tokens_per_s": 25.0},
+        "ar bfloat16": {"method": "ar", "tokens_per_s": 20.0},
+        "pld": {"method": "pld", "tokens_per_s": 40.0},
+        "ar@llamacpp": {"method": "ar", "tokens_per_s": 100.0},
+        "pld@llamacpp": {"method": "pld", "tokens_per_s": 130.0},
+    }
+    line = best_engine_line({"overall": overall})
+    assert line == "ar@llamacpp (llamacpp), 100.00 tok/s: 4.00× ar (hf)"
+    # One engine only: nothing to say.
+    assert best_engine_line({"overall": {k: v for k, v in overall.items() if "@" not in k}}) is None

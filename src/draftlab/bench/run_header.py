@@ -38,6 +38,9 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     if extra.get("plan"):
         rows.append(("plan", _plan(extra["plan"])))
     rows.append(("winner", winner_line(summary)))
+    engine_row = best_engine_line(summary)
+    if engine_row:
+        rows.append(("best plain decoding", engine_row))
     return rows
 
 
@@ -68,6 +71,36 @@ def winner_line(summary: dict) -> str:
     if low is not None and low <= 1:
         return f"{best}: {speed}; the interval reaches 1×, so the win is not clear"
     return f"{best}: {speed}"
+
+
+def engine_of(label: str) -> str:
+    """ "ar@llamacpp" -> "llamacpp"; our own loop's labels carry no engine ("ar float32" -> "hf")."""
+    return label.split("@", 1)[1].split(" ", 1)[0] if "@" in label else "hf"
+
+
+def best_engine_line(summary: dict) -> str | None:
+    """Which engine's plain decoding was fastest, and by how much over the best of each other engine;
+    None when plain decoding ran on one engine only."""
+    overall = summary["overall"]
+    plain = {
+        label: m
+        for label, m in overall.items()
+        if not is_speculative(m.get("method")) and m.get("tokens_per_s") is not None
+    }
+    fastest: dict[str, str] = {}
+    for label, m in plain.items():
+        engine = engine_of(label)
+        if engine not in fastest or m["tokens_per_s"] > plain[fastest[engine]]["tokens_per_s"]:
+            fastest[engine] = label
+    if len(fastest) < 2:
+        return None
+    best = max(fastest.values(), key=lambda label: plain[label]["tokens_per_s"])
+    others = [
+        f"{plain[best]['tokens_per_s'] / plain[label]['tokens_per_s']:.2f}× {label} ({engine})"
+        for engine, label in fastest.items()
+        if label != best
+    ]
+    return f"{best} ({engine_of(best)}), {plain[best]['tokens_per_s']:.2f} tok/s: " + ", ".join(others)
 
 
 def _dtype(run: dict, choice: dict | None) -> str:

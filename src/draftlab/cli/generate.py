@@ -9,6 +9,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
@@ -31,6 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON record instead of text and a table")
     add_model_args(p)
     add_method_args(p)
+    llamacpp_engine.add_engine_arg(p)
     p.set_defaults(func=run)
 
 
@@ -40,15 +42,23 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError("empty prompt")
     config = decoder_config(args, args.method)
     params = sampling_from(args)
-    target, draft = load_pair(args, config.needs_draft)
+    llamacpp = args.engine == "llamacpp"
+    if llamacpp:
+        llamacpp_engine.check_method(args.method)
+        target, draft = llamacpp_engine.load_pair(args, config.needs_draft)
+    else:
+        target, draft = load_pair(args, config.needs_draft)
     check_fits(config, target)
     ids = encode_prompt(target, prompt, chat=args.chat)
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
-    cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
+    # No cost profile of llama.cpp yet (`draftlab profile` measures transformers models): fixed k.
+    adaptive = config.adaptive and not llamacpp
+    cost = cost_model(args, target, draft if config.needs_draft else None) if adaptive else None
     result = build_decoder(config, target, draft, cost).generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {
             "method": args.method,
+            "engine": args.engine,
             "target": target.spec.name,
             "draft": draft.spec.name if draft else None,
             "gamma": config.spec.gamma(config),
@@ -65,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(result.text, markup=False, highlight=False)
     s = result.stats
     table = Table(
-        title=f"{args.method} · target {target.spec.name}" + (f" · draft {draft.spec.name}" if draft else "")
+        title=f"{args.method} · target {target.spec.name}"
+        + (f" ({args.engine})" if llamacpp else "")
+        + (f" · draft {draft.spec.name}" if draft else "")
     )
     for col in (
         "new tokens",

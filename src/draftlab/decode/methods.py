@@ -137,9 +137,9 @@ class MethodSpec:
 
 
 def _target(config: DecoderConfig, target: LoadedModel):
-    from draftlab.models.cached import CachedModel
+    from draftlab.models.cached import cached
 
-    return CachedModel(target, use_cache=config.use_cache)
+    return cached(target, use_cache=config.use_cache)
 
 
 def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):
@@ -162,13 +162,13 @@ def _build_ar(config, target, draft, cost):
 def _build_sps(config, target, draft, cost):
     """speculative sampling with a draft model (Leviathan et al. / Chen et al. 2023)"""
     from draftlab.decode.loop import SpeculativeDecoder
-    from draftlab.models.cached import CachedModel
+    from draftlab.models.cached import cached
     from draftlab.proposers import DraftModelProposer
     from draftlab.verify.rules import SpeculativeRule
 
     sizer = _sizer(config, cost, config.gamma, free_drafts=False)
     proposer = DraftModelProposer(
-        CachedModel(draft, use_cache=config.use_cache),
+        cached(draft, use_cache=config.use_cache),
         target.vocab_size,
         config.draft_confidence,
         frozenset(target.eos_token_ids),
@@ -216,11 +216,11 @@ def _tree_target(config: DecoderConfig, target: LoadedModel):
 
 
 def _draft_tree(config: DecoderConfig, target: LoadedModel, draft: LoadedModel, sizer):
-    from draftlab.models.cached import CachedModel
+    from draftlab.models.cached import cached
     from draftlab.proposers import DraftTreeProposer
 
     return DraftTreeProposer(
-        CachedModel(draft, use_cache=True),
+        cached(draft, use_cache=True),
         width=config.tree_width,
         stop_tokens=frozenset(target.eos_token_ids),
         lazy_prefill=sizer is not None,
@@ -282,12 +282,12 @@ def _build_suffix(config, target, draft, cost):
 def _build_bild(config, target, draft, cost):
     """Big Little Decoder (Kim et al. 2023): fallback and rollback thresholds"""
     from draftlab.decode.loop import SpeculativeDecoder
-    from draftlab.models.cached import CachedModel
+    from draftlab.models.cached import cached
     from draftlab.proposers import BildProposer
     from draftlab.verify.rules import BildRule
 
     proposer = BildProposer(
-        CachedModel(draft, use_cache=config.use_cache),
+        cached(draft, use_cache=config.use_cache),
         target.vocab_size,
         config.fallback_threshold,
         frozenset(target.eos_token_ids),

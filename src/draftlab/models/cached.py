@@ -192,6 +192,13 @@ class CachedModel:
             self._cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
 
 
+def cached(lm, use_cache: bool = True):
+    """The cache-aware model the decode loop drives: a `CachedModel` for a transformers model, or
+    the model's own (llama.cpp's) when it brings one, with the same start / forward / crop."""
+    own = getattr(lm, "cached_model", None)
+    return own(use_cache) if own is not None else CachedModel(lm, use_cache)
+
+
 # Whether a model verifies trees exactly, per model object: every decoder built on it shares the check.
 _TREE_SUPPORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from draftlab.files import write_text
-from draftlab.models.cached import CachedModel
+from draftlab.models.cached import CachedModel, cached
 from draftlab.models.loading import LoadedModel
 
 PROFILE_SCHEMA = 4
@@ -266,7 +266,7 @@ def measure(
     on_step: Callable[[str], None] | None = None,
 ) -> CostCurve:
     """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly."""
-    runner = CachedModel(lm)
+    runner = cached(lm)
     limit = lm.context_length
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
     if limit is not None:

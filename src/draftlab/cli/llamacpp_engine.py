@@ -1,0 +1,83 @@
+"""`--engine llamacpp`: the target (and a .gguf draft) run by llama.cpp, in draftlab's own decode loop."""
+
+from __future__ import annotations
+
+import argparse
+
+from draftlab.cli.common import load_spec, model_names
+from draftlab.decode.methods import method_spec
+from draftlab.errors import DraftlabError
+from draftlab.models.llamacpp import LlamaCppLM, is_llamacpp_source, load_llamacpp
+from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible
+
+ENGINES = ("hf", "llamacpp")
+# A transformers draft beside a llama.cpp target has no shared dtype to follow, and its speed is not
+# profiled against llama.cpp yet: float32 is exact, and plain decoding's fastest dtype on our CPUs.
+DRAFT_DTYPE = "float32"
+
+
+def add_engine_arg(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="hf",
+        help="hf: transformers models (default); llamacpp: a GGUF target (default: the default target's "
+        "own Q4_1 GGUF) run by llama.cpp in the same decode loop, with a .gguf or transformers draft "
+        "(needs scripts/install-llamacpp.sh)",
+    )
+    g.add_argument(
+        "--tokenizer",
+        default=None,
+        help="llamacpp: the Hugging Face tokenizer (folder or hub id) of a .gguf target; default: the "
+        "GGUF's own vocabulary (a catalogue name brings its own tokenizer)",
+    )
+    g.add_argument(
+        "--n-ctx", type=int, default=None, help="llamacpp: context to allocate (default: min(4096, trained))"
+    )
+
+
+def check_method(method: str) -> None:
+    """Methods decoded by transformers' generate() need a transformers target; the rest run anywhere."""
+    spec = method_spec(method)
+    if spec.external or not spec.hf:
+        raise DraftlabError(
+            f"method '{method}' is not available on engine llamacpp (it is decoded by "
+            f"{'vLLM' if not spec.hf else 'transformers generate()'}, not by draftlab's loop)"
+        )
+
+
+def load_pair(
+    args: argparse.Namespace, need_draft: bool
+) -> tuple[LlamaCppLM, LoadedModel | LlamaCppLM | None]:
+    """The llama.cpp target and the draft: a .gguf draft on llama.cpp too, any other on transformers."""
+    for flag, value in (("--target-dtype", args.target_dtype), ("--target-device", args.target_device)):
+        if value is not None:
+            raise DraftlabError(
+                f"{flag} does not apply to a llama.cpp target (it runs in its GGUF's own quantization, on the CPU)"
+            )
+    if args.device != "cpu":
+        raise DraftlabError(
+            f"--device {args.device}: the llama.cpp target runs on the CPU here; place a transformers "
+            "draft with --draft-device"
+        )
+    if args.n_ctx is not None and args.n_ctx < 1:
+        raise DraftlabError(f"--n-ctx must be >= 1, got {args.n_ctx}")
+    target_name, draft_name = model_names(args, need_draft)
+    if need_draft and draft_name is None:
+        raise DraftlabError("this method needs a draft model: pass --draft")
+    target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx)
+    if draft_name is None:
+        return target, None
+    draft: LoadedModel | LlamaCppLM
+    if is_llamacpp_source(draft_name):
+        if args.draft_dtype is not None:
+            raise DraftlabError(f"--draft-dtype does not apply to the GGUF draft '{draft_name}'")
+        # The target's tokenizer, checked against the draft GGUF's vocabulary while loading it.
+        draft = load_llamacpp(draft_name, tokenizer=target.tokenizer, n_ctx=target.context_length)
+    else:
+        dtype = args.draft_dtype or (args.dtype if args.dtype != "auto" else DRAFT_DTYPE)
+        device = args.draft_device or args.device
+        draft = load_spec(ModelSpec(draft_name, dtype, device, args.attn_implementation))
+    check_compatible(target, draft)  # type: ignore[arg-type]
+    return target, draft

