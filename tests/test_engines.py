@@ -50,8 +50,10 @@ def test_our_methods_map_onto_vllms_speculative_config():
 def test_the_registry_says_which_engine_runs_what():
     assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle3", "mtp"}
     assert REGISTRY["eagle"].engines == ("vllm",)
-    assert REGISTRY["bild"].engines == ("hf",)
-    assert REGISTRY["sps"].engines == ("hf", "vllm")
+    assert REGISTRY["bild"].engines == ("hf", "llamacpp")
+    assert REGISTRY["sps"].engines == ("hf", "llamacpp", "vllm")
+    # transformers' own generate() decodes these: no other engine's model can stand in.
+    assert REGISTRY["hf-assisted"].engines == ("hf",)
 
 
 def test_engine_arguments_parse_as_json_and_are_checked():

@@ -298,3 +298,47 @@ def test_bad_inputs_are_one_line(capsys, tmp_path, tiny_pair, gguf):
         "hf-assisted",
         "not available on engine llamacpp",
     )
+
+
+@needs_llama_cpp
+def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target):
+    """`--engines hf,llamacpp`: each method on both engines in one interleaved run; llama.cpp's
+    speculative methods write llama.cpp ar's tokens, and "vs best ar" is over both engines' ar."""
+    out = tmp_path / "both"
+    argv = ["bench", "--engines", "hf,llamacpp", "--methods", "ar,pld", "--subtasks", "qa,translation"]
+    argv += ["--limit", "1", "--max-new-tokens", "16", "--dtype", "float32", "--ar-dtypes", "none"]
+    assert main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    labels = {r["label"] for r in rows}
+    assert labels == {"ar", "pld", "ar@llamacpp", "pld@llamacpp"}
+    ar = {r["example_id"]: r["tokens"] for r in rows if r["label"] == "ar@llamacpp"}
+    for r in (r for r in rows if r["label"] == "pld@llamacpp"):
+        assert r["tokens"] == ar[r["example_id"]] and r["greedy_match"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["pld@llamacpp"]["baseline"] == "ar@llamacpp"
+    best = {m["best_plain"] for m in summary["overall"].values()}
+    assert len(best) == 1 and best <= {"ar", "ar@llamacpp"}
+    fastest = max(("ar", "ar@llamacpp"), key=lambda label: summary["overall"][label]["tokens_per_s"])
+    assert best == {fastest}
+    head = (out / "report.md").read_text().split("\n## ", 1)[0]
+    assert f"| best plain decoding | {fastest} (" in head
+    run = json.loads((out / "run.json").read_text())
+    assert run["extra"]["llamacpp"]["quantization"] == target.spec.dtype
+
+
+def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
+    from draftlab.cli import bench, llamacpp_engine
+
+    args = SimpleNamespace(engines=None, methods=None)
+    default = SimpleNamespace(spec=SimpleNamespace(name=TARGET, device="cpu"))
+    monkeypatch.setattr(llamacpp_engine, "installed", lambda: True)
+    assert bench.default_llamacpp(args, ["hf"], default) == ["ar"]
+    # A target without a GGUF, a GPU, named methods or engines, or no llama.cpp: nothing added.
+    other = SimpleNamespace(spec=SimpleNamespace(name="some/hf-model", device="cpu"))
+    assert bench.default_llamacpp(args, ["hf"], other) == []
+    gpu = SimpleNamespace(spec=SimpleNamespace(name=TARGET, device="cuda"))
+    assert bench.default_llamacpp(args, ["hf"], gpu) == []
+    assert bench.default_llamacpp(SimpleNamespace(engines=None, methods="ar,pld"), ["hf"], default) == []
+    assert bench.default_llamacpp(SimpleNamespace(engines="hf", methods=None), ["hf"], default) == []
+    monkeypatch.setattr(llamacpp_engine, "installed", lambda: False)
+    assert bench.default_llamacpp(args, ["hf"], default) == []

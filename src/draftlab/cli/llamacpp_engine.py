@@ -26,6 +26,11 @@ def add_engine_arg(p: argparse.ArgumentParser) -> None:
         "own Q4_1 GGUF) run by llama.cpp in the same decode loop, with a .gguf or transformers draft "
         "(needs scripts/install-llamacpp.sh)",
     )
+    add_llamacpp_args(g)
+
+
+def add_llamacpp_args(g) -> None:
+    """The llama.cpp engine's own options (generate, bench and sweep share them)."""
     g.add_argument(
         "--tokenizer",
         default=None,
@@ -35,6 +40,13 @@ def add_engine_arg(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--n-ctx", type=int, default=None, help="llamacpp: context to allocate (default: min(4096, trained))"
     )
+
+
+def installed() -> bool:
+    """Whether llama-cpp-python can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def check_method(method: str) -> None:

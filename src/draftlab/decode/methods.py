@@ -120,7 +120,10 @@ class MethodSpec:
 
     @property
     def engines(self) -> tuple[str, ...]:
-        return (*(("hf",) if self.hf else ()), *(("vllm",) if self.vllm is not None else ()))
+        # llama.cpp runs our own loop over its model, so every method of that loop but those decoded
+        # by transformers' generate() (and token trees fall back to chains there).
+        ours = ("hf", "llamacpp") if not self.external else ("hf",)
+        return (*(ours if self.hf else ()), *(("vllm",) if self.vllm is not None else ()))
 
     def __post_init__(self) -> None:
         for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
