@@ -54,13 +54,11 @@ def planned(target: CostCurve, extra_ar: tuple[str, ...] = ()) -> list[budget.Pl
 
 def test_prediction_is_the_sum_of_plain_decodings_with_warm_up():
     v = budget.PlannedVariant("ar", ZEN3)
-    one = budget.generation_ms(ZEN3, 100, 64) / 1000
-    warm = budget.generation_ms(ZEN3, 100, 16) / 1000  # the runner warms up on 16 tokens
+    one = ZEN3.plain_decoding_ms(100, 64) / 1000
+    warm = ZEN3.plain_decoding_ms(100, 16) / 1000  # the runner warms up on 16 tokens
     assert budget.predict_s([v], [100, 100], 64, warmup=1) == pytest.approx(2 * one + warm)
     assert budget.predict_s([v, v], [100], 64, warmup=0) == pytest.approx(2 * one)
-    assert budget.generation_ms(ZEN3, 100, 64) == pytest.approx(
-        ZEN3.prefill(100) + 63 * ZEN3.forward_ms(1, 132)
-    )
+    assert ZEN3.plain_decoding_ms(100, 64) == pytest.approx(ZEN3.prefill(100) + 63 * ZEN3.forward_ms(1, 132))
 
 
 def test_a_steep_curve_makes_the_draft_hopeless_and_a_flat_one_does_not():

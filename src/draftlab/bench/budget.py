@@ -41,19 +41,15 @@ class Fit:
     left_out: list[str] = field(default_factory=list)  # what was cut, and why, one line each
 
 
-def generation_ms(curve: CostCurve, prompt_tokens: int, new_tokens: int) -> float:
-    return curve.plain_decoding_ms(prompt_tokens, new_tokens)
-
-
 def predict_s(
     variants: Sequence[PlannedVariant], prompts: Sequence[int], new_tokens: int, warmup: int = 1
 ) -> float:
     """Seconds for every variant over every generation (`prompts`: their prompt lengths), warm-up included."""
     total = 0.0
     for v in variants:
-        total += sum(generation_ms(v.curve, p, new_tokens) for p in prompts)
+        total += sum(v.curve.plain_decoding_ms(p, new_tokens) for p in prompts)
         if prompts:  # the runner's untimed warm-up: up to WARMUP_TOKENS on the first prompt
-            total += warmup * generation_ms(v.curve, prompts[0], min(new_tokens, WARMUP_TOKENS))
+            total += warmup * v.curve.plain_decoding_ms(prompts[0], min(new_tokens, WARMUP_TOKENS))
     return total / 1000
 
 

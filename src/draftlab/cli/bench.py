@@ -38,7 +38,7 @@ from draftlab.cli.run_setup import (
     suite_examples,
     variant_params,
 )
-from draftlab.decode.methods import METHODS, check_fits, method_spec
+from draftlab.decode.methods import METHODS, DecoderConfig, check_fits, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.llamacpp import is_llamacpp_source
 from draftlab.models.loading import DTYPES, LoadedModel
@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     baselines = {v.label: "ar" for v in variants}
     llama = chosen.get("llamacpp") or default_llamacpp(args, engines, target)
     if llama:
-        more, extra["llamacpp"] = llamacpp_variants(args, llama, target, draft, sampling)
+        more, extra["llamacpp"] = llamacpp_variants(
+            args, {m: configs[m] for m in llama}, target, draft, sampling
+        )
         variants += more
         baselines.update({v.label: "ar" + LLAMACPP_SUFFIX for v in more})
         if "llamacpp" not in engines:
@@ -150,7 +152,7 @@ def default_llamacpp(args: argparse.Namespace, engines: list[str], target: Loade
 
 def llamacpp_variants(
     args: argparse.Namespace,
-    methods: list[str],
+    configs: dict[str, DecoderConfig],
     target: LoadedModel,
     draft: LoadedModel | None,
     sampling,
@@ -160,8 +162,7 @@ def llamacpp_variants(
 
     gguf = load_llamacpp(target.spec.name, tokenizer=args.tokenizer or target.tokenizer, n_ctx=args.n_ctx)
     variants = []
-    for method in methods:
-        config = decoder_config(args, method)
+    for method, config in configs.items():
         check_fits(config, gguf)
         params = {**variant_params(args, config), "engine": "llamacpp", "quantization": gguf.spec.dtype}
         params["sizing"] = "fixed k (no llama.cpp cost profile yet)" if config.adaptive else None
