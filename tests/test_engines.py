@@ -48,8 +48,11 @@ def test_our_methods_map_onto_vllms_speculative_config():
 
 
 def test_the_registry_says_which_engine_runs_what():
-    assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle3", "mtp"}
-    assert REGISTRY["eagle"].engines == ("vllm",)
+    assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle1", "eagle3", "mtp"}
+    assert REGISTRY["eagle1"].engines == ("vllm",)
+    # Our EAGLE-3 head on our loop, and on vLLM as its eagle3; it reads hidden states llama.cpp keeps.
+    assert REGISTRY["eagle"].engines == ("hf", "vllm")
+    assert REGISTRY["eagle-tree"].engines == ("hf",)
     assert REGISTRY["bild"].engines == ("hf", "llamacpp")
     assert REGISTRY["sps"].engines == ("hf", "llamacpp", "vllm")
     # transformers' own generate() decodes these: no other engine's model can stand in.
@@ -88,7 +91,11 @@ BENCH = ["bench", "--subtasks", "qa", "--limit", "1", "--quiet"]
             ["--engines", "hf,vllm", "--methods", "pld-tree"],
             "method 'pld-tree' is not available on engine vllm",
         ),
-        (["--methods", "eagle"], "method 'eagle' is not available on engine hf"),
+        (["--methods", "eagle1"], "method 'eagle1' is not available on engine hf"),
+        (
+            ["--engines", "hf,llamacpp", "--methods", "eagle"],
+            "method 'eagle' is not available on engine llamacpp",
+        ),
         (["--engines", "hf,tgi"], "unknown engine 'tgi'"),
         (["--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1, got 0"),
         (["--engine", "vllm", "--distributed-executor-backend", "slurm"], "'slurm'"),

@@ -31,8 +31,13 @@ WRONG_RULE = "resample from p after a rejection"
 
 
 def default_methods() -> list[str]:
-    """Every speculative method our own loop runs that claims to be lossless, from the registry."""
-    return [n for n, s in REGISTRY.items() if s.speculative and s.lossless and not s.external]
+    """Every speculative method our own loop runs that claims to be lossless, from the registry.
+
+    EAGLE heads are not audited yet (the audit drives one draft for every method); their greedy and
+    sampling exactness is tested in tests/test_eagle.py."""
+    return [
+        n for n, s in REGISTRY.items() if s.speculative and s.lossless and not s.external and not s.needs_head
+    ]
 
 
 def parse_methods(text: str | None) -> list[str]:
@@ -42,7 +47,10 @@ def parse_methods(text: str | None) -> list[str]:
     if not names:
         raise DraftlabError("empty method list")
     for name in names:
-        method_spec(name)
+        if method_spec(name).needs_head:
+            raise DraftlabError(
+                f"audit does not cover EAGLE heads yet ('{name}'): tests/test_eagle.py checks them"
+            )
     # ar is the reference every method is compared with.
     names = [n for n in dict.fromkeys(names) if n != "ar"]
     if not names:

@@ -20,8 +20,10 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     rows = [
         ("target", run["target"]),
         ("draft", run["draft"] or "-"),
-        ("dtype", _dtype(run, extra.get("dtype_choice"))),
     ]
+    if extra.get("head"):
+        rows.append(("EAGLE-3 head", extra["head"]))
+    rows.append(("dtype", _dtype(run, extra.get("dtype_choice"))))
     if extra.get("hardware"):
         rows.append(_hardware(extra["hardware"]))
     engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or ["hf"]

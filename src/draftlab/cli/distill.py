@@ -43,6 +43,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    """Seconds from '90s', '60m', '1.5h' or a plain number of minutes."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "m")
+    value = _parse(number, float, "duration")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive duration such as 60m, got '{text}'")
+    return value * units[unit]
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "distill",
@@ -91,6 +101,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="stop generating data after this many minutes and train on what is on disk (0: no generation)",
     )
     d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
+
+    h = p.add_argument_group("EAGLE-3 head (instead of a draft model)")
+    h.add_argument(
+        "--head",
+        choices=["eagle3"],
+        default=None,
+        help="train an EAGLE-3 head that drafts from the target's hidden states (written in the speculators format)",
+    )
+    h.add_argument("--draft-vocab", type=_positive_int, default=8192, help="tokens the head can propose")
+    h.add_argument(
+        "--ttt-steps", type=_positive_int, default=3, help="training-time-test steps (chain depth trained)"
+    )
+    h.add_argument(
+        "--time-budget",
+        type=_duration,
+        default=None,
+        help="stop training when the whole run has taken this long (e.g. 60m, 1.5h, 900s); "
+        "without --gen-minutes, generation takes at most half of it",
+    )
 
     m = p.add_argument_group("draft")
     m.add_argument(
@@ -143,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
     if args.resume and args.restart:
         raise DraftlabError("--resume and --restart contradict each other")
+    if args.head:
+        return _run_head(args)
     from draftlab.distill.pipeline import run as run_pipeline  # noqa: PLC0415 - keeps `--help` fast
 
     result = run_pipeline(args)
@@ -158,5 +189,46 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"held-out: mean acceptance {ev['mean_acceptance_rate']:.3f} over {ev['prompts']} prompts; "
             f"AR {ev['ar_tokens_per_s']:.1f} tok/s, SPS {ev['sps_tokens_per_s']:.1f} tok/s ({ev['speedup']:.2f}×)"
+        )
+    return 0
+
+
+def _run_head(args: argparse.Namespace) -> int:
+    from draftlab.distill.eagle_pipeline import HeadOptions, distill_head  # noqa: PLC0415
+    from draftlab.distill.eagle_train import HeadTrainConfig  # noqa: PLC0415
+    from draftlab.distill.pipeline import DistillConfig  # noqa: PLC0415
+
+    train = HeadTrainConfig(
+        steps=args.steps,
+        batch_tokens=args.batch_tokens,
+        max_len=args.max_len,
+        ttt_steps=args.ttt_steps,
+        lr=args.lr,
+        warmup=min(args.warmup, max(1, args.steps // 5)),
+        weight_decay=args.weight_decay,
+        prompt_weight=args.prompt_weight,
+        seed=args.seed,
+    )
+    opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
+    result = distill_head(DistillConfig.from_args(args), opts)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    final = result.get("final") or {}
+    print(
+        f"head written to {result['out']} after {result['steps']} steps (loss {final.get('loss', float('nan')):.3f}); "
+        f"data generated at {result['generation_tokens_per_s']} tokens/s"
+    )
+    held = result.get("held_out") or {}
+    if held.get("first_token_top1") is not None:
+        print(
+            f"held-out answers: first-token top-1 {held['first_token_top1']:.3f}, chain mean accepted length "
+            f"{held['chain_mean_accepted_length']:.2f} at γ = {held['gamma']}"
+        )
+    dec = result.get("decoding") or {}
+    if dec.get("mean_accepted_length") is not None:
+        print(
+            f"held-out prompts: eagle mean accepted length {dec['mean_accepted_length']:.2f}, "
+            f"{dec['speedup']:.2f}× ar over {dec['prompts']} prompts"
         )
     return 0

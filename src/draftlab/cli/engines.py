@@ -7,12 +7,12 @@ import dataclasses
 from contextlib import contextmanager
 
 from draftlab.bench.runner import Variant
-from draftlab.cli.common import model_names
+from draftlab.cli.common import head_name, model_names
 from draftlab.cli.llamacpp_engine import add_llamacpp_args
 from draftlab.decode.methods import DecoderConfig, method_spec
 from draftlab.engines import ENGINES
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model
+from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
 from draftlab.sampling import SamplingParams
 
 VLLM_SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
@@ -140,13 +140,13 @@ def vllm_variants(
             config,
             target.tokenizer,
             sorted(target.eos_token_ids),
-            draft.path if (draft is not None and config.needs_draft) else None,
-            args.speculator,
+            draft.path if (draft is not None and config.spec.needs_draft) else None,
+            speculator_of(args, config),
         )
         params = {**params_of(config), "engine": "vllm", "vllm": pool.args.record(), "vllm_dtype": dtype}
         if decoder.speculative is not None:
             params["speculative_config"] = decoder.speculative
-        uses_draft = draft if config.needs_draft else None
+        uses_draft = draft if config.spec.needs_draft else None
         variants.append(
             Variant(method + VLLM_SUFFIX, config, target, uses_draft, sampling, params, _decoder=decoder)
         )
@@ -164,6 +164,15 @@ def vllm_variants(
             if lm is not None:
                 lm.spec = dataclasses.replace(lm.spec, dtype=pool.dtype)
     return variants, pool
+
+
+def speculator_of(args: argparse.Namespace, config: DecoderConfig) -> str | None:
+    """--speculator, or for our EAGLE methods the head's folder (--head, or the shipped one)."""
+    if args.speculator or not config.spec.needs_head:
+        return args.speculator
+
+    name = head_name(args)
+    return resolve_path(name) if name else None
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from draftlab.cli.common import (
     add_model_args,
     cost_model,
     decoder_config,
+    load_head,
     load_pair,
     sampling_from,
 )
@@ -46,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if llamacpp:
         llamacpp_engine.check_method(args.method)
         target, draft = llamacpp_engine.load_pair(args, config.needs_draft)
+    elif config.spec.needs_head:
+        target, _ = load_pair(args, False)
+        check_fits(config, target)
+        draft = load_head(args, target, args.method)
     else:
         target, draft = load_pair(args, config.needs_draft)
     check_fits(config, target)

@@ -202,13 +202,21 @@ class SpeculativeDecoder:
             stats.propose_calls += proposer.forward_calls - calls_before
             # The target holds the sequence minus its last token (in round 1, nothing yet): feed
             # what it lacks plus the proposal, and read the rows that score the proposal.
-            fed = sequence[target.length :] + proposal.tokens
+            fed_from = target.length
+            fed = sequence[fed_from:] + proposal.tokens
             tree = proposal.parents if proposal.is_tree else None
-            target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree)
+            layers = proposer.feature_layers
+            asks = {"features": layers} if layers else {}
+            target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree, **asks)
             verdict = self.rule.verify(proposal, target_logits, params, sampler)
             kept = verdict.kept()
             if tree is not None:
                 target.keep_path(len(sequence), kept)
+            if layers:
+                # The features of the tokens now final: those fed before the proposal, then the kept path.
+                pending = len(fed) - len(proposal.tokens)
+                rows = [*range(pending), *(pending + i for i in kept)]
+                proposer.take_features(fed_from, target.features[rows])
             new = [proposal.tokens[i] for i in kept]
             if verdict.next_token is not None:
                 new.append(verdict.next_token)

@@ -77,7 +77,8 @@ class DecoderConfig:
 
     @property
     def needs_draft(self) -> bool:
-        return self.spec.needs_draft
+        """Whether the method runs a second model beside the target: a draft model or an EAGLE head."""
+        return self.spec.needs_draft or self.spec.needs_head
 
     @property
     def adaptive(self) -> bool:
@@ -106,6 +107,7 @@ class MethodSpec:
     summary: str
     build: Builder
     needs_draft: bool = False
+    needs_head: bool = False  # drafts with an EAGLE-3 head (--head), which reads the target's features
     speculative: bool = True  # False: one target token per forward pass (a baseline)
     lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
     external: bool = False  # True: decoded by another library (HF generate), not by our loop
@@ -122,7 +124,7 @@ class MethodSpec:
     def engines(self) -> tuple[str, ...]:
         # llama.cpp runs our own loop over its model, so every method of that loop but those decoded
         # by transformers' generate() (and token trees fall back to chains there).
-        ours = ("hf", "llamacpp") if not self.external else ("hf",)
+        ours = ("hf", "llamacpp") if not (self.external or self.needs_head) else ("hf",)
         return (*(ours if self.hf else ()), *(("vllm",) if self.vllm is not None else ()))
 
     def __post_init__(self) -> None:
@@ -206,6 +208,11 @@ def _tree_sizer(config: DecoderConfig, cost: CostModel | None, depth: int, free_
 
 def check_fits(config: DecoderConfig, target: LoadedModel) -> None:
     """Refuse a method the target cannot run, before anything is profiled or generated."""
+    if config.spec.needs_head and target.is_encoder_decoder:
+        raise DraftlabError(
+            f"method '{config.method}' drafts from a decoder-only target's hidden states; "
+            f"{target.spec.name} is an encoder-decoder model"
+        )
     if config.spec.tree and target.is_encoder_decoder:
         raise DraftlabError(
             f"method '{config.method}' verifies token trees, which needs a decoder-only target; "
@@ -300,6 +307,37 @@ def _build_bild(config, target, draft, cost):
     )
 
 
+def _head_model(draft):
+    from draftlab.models.eagle_cached import HeadModel
+
+    if not getattr(draft, "is_head", False):
+        raise DraftlabError(f"'{draft.spec.name}' is a model, not an EAGLE-3 head (--head)")
+    return HeadModel(draft)
+
+
+def _build_eagle(config, target, draft, cost):
+    """EAGLE-3 (Li et al. 2025): a one-layer head drafts chains from the target's own hidden states"""
+    from draftlab.decode.loop import SpeculativeDecoder
+    from draftlab.proposers.eagle import EagleProposer
+    from draftlab.verify.rules import SpeculativeRule
+
+    check_fits(config, target)
+    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
+    proposer = EagleProposer(_head_model(draft), config.draft_confidence, frozenset(target.eos_token_ids))
+    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), config.gamma, sizer)
+
+
+def _build_eagle_tree(config, target, draft, cost):
+    """the EAGLE-3 head's dynamic draft tree, expanded by head probability (EAGLE-2)"""
+    from draftlab.proposers.eagle import EagleTreeProposer
+
+    def proposer(sizer):
+        eos = frozenset(target.eos_token_ids)
+        return EagleTreeProposer(_head_model(draft), config.tree_width, eos, depth=config.gamma)
+
+    return _tree_decoder(config, target, cost, proposer, config.gamma, config.gamma)
+
+
 def _vllm_only(config, target, draft, cost):
     """a trained speculator head, loaded by vLLM (--engine vllm --speculator FOLDER)"""
     raise DraftlabError(f"method '{config.method}' runs on the vllm engine only (--engine vllm)")
@@ -320,7 +358,7 @@ def _build_hf_assisted(config, target, draft, cost):
 
 
 # The methods, one row each: name, the seed reports' name, builder (its docstring is the summary),
-# flags (draft: needs a draft model; plain: a baseline, one target token per pass; sized: rounds
+# flags (draft: needs a draft model; head: an EAGLE-3 head, passed where a draft goes; plain: a baseline, one target token per pass; sized: rounds
 # sized from the cost curve; tree: token trees; lossy: not lossless by design; external: another
 # library's decoder, not our loop), the settings it reads (the first reported as γ), and its
 # vllm engine counterpart (None: none; "": plain decoding; else vLLM's speculative method).
@@ -347,10 +385,12 @@ _TABLE = (
         None,
     ),
     ("suffix", "Suffix", _build_suffix, "sized tree", ("pld_tokens",), "suffix"),
+    ("eagle", "EAGLE", _build_eagle, "head sized", ("gamma", "draft_confidence"), "eagle3"),
+    ("eagle-tree", "EAGLE-Tree", _build_eagle_tree, "head sized tree", ("gamma", "tree_width"), None),
     ("hf-greedy", "HF", _build_hf_greedy, "plain external", (), None),
     ("hf-assisted", "HF-AG", _build_hf_assisted, "draft external", ("gamma", "draft_confidence"), None),
-    # Trained heads that vLLM loads from --speculator: nothing of ours to run them with.
-    ("eagle", "EAGLE", _vllm_only, "external", ("gamma",), "eagle"),
+    # Trained heads that vLLM loads from --speculator (eagle3: the same heads as `eagle`, on vLLM only).
+    ("eagle1", "EAGLE-1", _vllm_only, "external", ("gamma",), "eagle"),
     ("eagle3", "EAGLE-3", _vllm_only, "external", ("gamma",), "eagle3"),
     ("mtp", "MTP", _vllm_only, "external", ("gamma",), "mtp"),
 )
@@ -359,7 +399,7 @@ _TABLE = (
 def _spec(
     name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...], vllm: str | None
 ) -> MethodSpec:
-    unknown = set(flags.split()) - {"draft", "plain", "sized", "tree", "lossy", "external"}
+    unknown = set(flags.split()) - {"draft", "head", "plain", "sized", "tree", "lossy", "external"}
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
     return MethodSpec(
@@ -367,6 +407,7 @@ def _spec(
         " ".join((build.__doc__ or "").split()),
         build,
         needs_draft="draft" in flags,
+        needs_head="head" in flags,
         speculative="plain" not in flags,
         cost_aware="sized" in flags,
         params=params,
@@ -412,7 +453,9 @@ def build_decoder(
     spec = config.spec
     if spec.needs_draft and draft is None:
         raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
-    draft = draft if spec.needs_draft else None
+    if spec.needs_head and draft is None:
+        raise DraftlabError(f"method '{config.method}' needs an EAGLE-3 head (--head)")
+    draft = draft if config.needs_draft else None
     main = spec.build(config, target, draft, cost)
     if not alternatives or getattr(main, "sizer", None) is None:
         return main

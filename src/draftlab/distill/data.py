@@ -197,6 +197,7 @@ def load_shards(data_dir: Path) -> list[dict]:
         for i in range(len(data["keys"])):
             records.append(
                 {
+                    "key": data["keys"][i],
                     "ids": data["ids"][i],
                     "topk_ids": data["topk_ids"][i],
                     "topk_logp": data["topk_logp"][i],

@@ -40,17 +40,27 @@ def evaluate_pair(
     gamma: int = 4,
     max_new_tokens: int = 64,
     chat: bool = True,
+    method: str = "sps",
 ) -> dict:
-    """Greedy AR and SPS on every prompt, interleaved in one process so both see the same machine."""
+    """Greedy AR and `method` (sps, or eagle with a head as the draft) on every prompt, interleaved
+    in one process so both see the same machine. The `sps_*` keys are the method's."""
     params = SamplingParams()
     ar = build_decoder(DecoderConfig(method="ar"), target)
-    sps = build_decoder(DecoderConfig(method="sps", gamma=gamma), target, draft)
+    sps = build_decoder(DecoderConfig(method=method, gamma=gamma), target, draft)
     encoded = [encode_prompt(target, text, chat=chat) for _, text in prompts]
     if encoded:  # warm-up: first calls pay for allocations and kernel selection
         ar.generate(encoded[0], 4, params)
         sps.generate(encoded[0], 4, params)
     per_prompt = []
-    totals = {"ar_tokens": 0, "ar_s": 0.0, "sps_tokens": 0, "sps_s": 0.0, "drafted": 0, "accepted": 0}
+    totals = {
+        "ar_tokens": 0,
+        "ar_s": 0.0,
+        "sps_tokens": 0,
+        "sps_s": 0.0,
+        "drafted": 0,
+        "accepted": 0,
+        "rounds": 0,
+    }
     for i, ((category, _), ids) in enumerate(zip(prompts, encoded, strict=True)):
         order = (ar, sps) if i % 2 == 0 else (sps, ar)
         results = {}
@@ -63,6 +73,7 @@ def evaluate_pair(
         totals["sps_s"] += s.stats.total_s
         totals["drafted"] += s.stats.drafted
         totals["accepted"] += s.stats.accepted
+        totals["rounds"] += s.stats.rounds
         per_prompt.append(
             {
                 "category": category,
@@ -77,11 +88,14 @@ def evaluate_pair(
     sps_tps = totals["sps_tokens"] / totals["sps_s"] if totals["sps_s"] else None
     return {
         "prompts": len(prompts),
+        "method": method,
         "gamma": gamma,
         "max_new_tokens": max_new_tokens,
         "chat": chat,
         "mean_acceptance_rate": sum(rates) / len(rates) if rates else None,
         "pooled_acceptance_rate": totals["accepted"] / totals["drafted"] if totals["drafted"] else None,
+        # Tokens per verification round, the target's own included (the prefill round counts too).
+        "mean_accepted_length": totals["sps_tokens"] / totals["rounds"] if totals["rounds"] else None,
         "ar_tokens_per_s": ar_tps,
         "sps_tokens_per_s": sps_tps,
         "speedup": sps_tps / ar_tps if ar_tps and sps_tps else None,

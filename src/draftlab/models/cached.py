@@ -32,7 +32,8 @@ class CachedModel:
         self._cache: DynamicCache | EncoderDecoderCache | None = None
         self._encoder_out: BaseModelOutput | None = None
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
-        self._tree: _TreeArea | None = None  # the token tree being fed, if any
+        self._tree: TreeArea | None = None  # the token tree being fed, if any
+        self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
 
     @property
     def length(self) -> int:
@@ -64,7 +65,11 @@ class CachedModel:
 
     @torch.inference_mode()
     def forward(
-        self, new_ids: list[int], keep: int | None = None, tree: list[int] | None = None
+        self,
+        new_ids: list[int],
+        keep: int | None = None,
+        tree: list[int] | None = None,
+        features: tuple[int, ...] = (),
     ) -> torch.Tensor:
         """Logits [k, V] for the k new tokens, or for only the last `keep` of them.
 
@@ -78,6 +83,9 @@ class CachedModel:
         (-1 is its root), so a draft can grow a tree level by level over several calls; a call
         that feeds chain tokens first starts a new tree. Until `keep_path` or `crop`, the cache
         holds every node fed.
+
+        `features` names hidden-state layers (`output_hidden_states` indices) to keep for every new
+        token, side by side in `self.features` [k, layers·H]: what an EAGLE head drafts from.
         """
         start = len(self._tokens)
         self._tokens.extend(new_ids)
@@ -86,6 +94,8 @@ class CachedModel:
         else:
             feed = torch.tensor([self._tokens], device=self.device)
         kwargs: dict = {"use_cache": self.use_cache, self._cache_arg: self._cache}
+        if features:
+            kwargs["output_hidden_states"] = True
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
@@ -96,7 +106,7 @@ class CachedModel:
                 raise DraftlabError("token trees need a decoder-only model with a KV cache")
             n_chain = len(new_ids) - len(tree)
             if self._tree is None or n_chain > 0:
-                self._tree = _TreeArea(start + n_chain)
+                self._tree = TreeArea(start + n_chain)
             mask, positions = self._tree.extend(start, n_chain, tree, self.model.dtype)
             kwargs["attention_mask"] = mask.to(self.device)
             kwargs["position_ids"] = positions.to(self.device)
@@ -105,6 +115,9 @@ class CachedModel:
         else:
             out = self.model(input_ids=feed, **kwargs)
         self.forward_calls += 1
+        if features:
+            n = len(new_ids)
+            self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
         return out.logits[0, -keep:]
 
     @torch.inference_mode()
@@ -203,7 +216,7 @@ def cached(lm, use_cache: bool = True):
 _TREE_SUPPORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _TreeArea:
+class TreeArea:
     """The nodes of one token tree in the cache: slots base, base + 1, ... in feeding order."""
 
     def __init__(self, base: int) -> None:

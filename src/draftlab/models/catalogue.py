@@ -17,7 +17,7 @@ from draftlab.errors import DraftlabError
 @dataclass(frozen=True)
 class RegistryEntry:
     name: str
-    role: str  # "target" or "draft"
+    role: str  # "target", "draft" or "head" (an EAGLE-3 head, in the speculators format)
     kind: str  # "gguf-wheel" or "packaged"
     description: str
     parameters: int | None = None  # known size, shown before the weights are local
@@ -54,6 +54,12 @@ CATALOGUE = (
         role="draft",
         kind="packaged",
         description="draft distilled for smollm2-135m-instruct, shipped inside the draftlab package",
+    ),
+    RegistryEntry(
+        name="smollm2-135m-eagle3",
+        role="head",
+        kind="packaged",
+        description="EAGLE-3 head trained by draftlab for smollm2-135m-instruct, shipped inside the package",
     ),
 )
 

@@ -144,11 +144,17 @@ class LlamaCppModel:
         return list(prompt_ids)
 
     def forward(
-        self, new_ids: list[int], keep: int | None = None, tree: list[int] | None = None
+        self,
+        new_ids: list[int],
+        keep: int | None = None,
+        tree: list[int] | None = None,
+        features: tuple[int, ...] = (),
     ) -> torch.Tensor:
         """Float32 logits [k, V] for the k new tokens, or for only the last `keep` of them."""
         if tree is not None:
             raise DraftlabError("llama.cpp models verify chains only, not token trees")
+        if features:
+            raise DraftlabError("llama.cpp models do not hand out hidden states (EAGLE heads need them)")
         self._check_owner()
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
         if len(self._tokens) + len(new_ids) > self._n_ctx:

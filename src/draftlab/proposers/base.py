@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from draftlab.proposal import Proposal
 from draftlab.sampling import Sampler, SamplingParams
 
@@ -17,6 +19,8 @@ class Proposer:
     has_lookup: bool = False  # a draft-model tree that can still propose from lookups without drafting
     use_draft: bool = True  # set before each round when `draft_passes`
     min_value: float = 0.0  # draft trees: grow a level only while the best leaf is this likely
+    # Target hidden-state layers the proposer drafts from (EAGLE heads); the loop hands them over.
+    feature_layers: tuple[int, ...] = ()
 
     def lookup_tree(self, sequence: list[int]) -> Proposal:
         """`has_lookup` proposers: the free (prompt-lookup) part of this round's proposal."""
@@ -30,6 +34,9 @@ class Proposer:
 
     def rollback(self, length: int) -> None:
         """The first `length` tokens of the sequence are final; forget any state past them."""
+
+    def take_features(self, start: int, features: torch.Tensor) -> None:
+        """`feature_layers` proposers: the target's hidden states for sequence positions start, start + 1, ..."""
 
     def lag(self, sequence: list[int]) -> int:
         """Tokens of `sequence` a model-based proposer has not consumed yet (its next pass feeds them)."""

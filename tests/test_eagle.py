@@ -1,0 +1,239 @@
+"""EAGLE-3 heads: the head's cached passes, its training forward, losslessness, and its files.
+
+The decisive check is that training and drafting compute the same thing: step j of the
+training-time test at position p must give the logits the cached head gives when it drafts p
+after j - 1 tokens of its own (`test_training_step_j_is_drafting_the_jth_token`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tiny import make_model
+from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
+
+from draftlab.decode.loop import SpeculativeDecoder
+from draftlab.decode.methods import DecoderConfig, build_decoder
+from draftlab.distill.eagle_train import step_masks, ttt_forward
+from draftlab.errors import DraftlabError
+from draftlab.models import CachedModel, ModelSpec, load_model
+from draftlab.models.eagle_cached import HeadModel
+from draftlab.models.eagle_head import default_aux_layers, head_for_target
+from draftlab.models.eagle_io import is_head_folder, load_head, load_head_lm, save_head
+from draftlab.proposers.eagle import EagleProposer
+from draftlab.sampling import SamplingParams
+from draftlab.verify.exactness import ResampleFromTargetRule
+from draftlab.verify.rules import SpeculativeRule
+
+
+def _random_head(target, draft_ids, seed=0, scale=0.3):
+    model = target.model
+    head = head_for_target(
+        model.config,
+        model.get_input_embeddings().weight.detach(),
+        model.get_output_embeddings().weight.detach(),
+        draft_ids,
+        seed=seed,
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for name, p in head.named_parameters():
+            if p.dim() > 1 and not name.startswith(("embed_tokens", "lm_head")):
+                p.normal_(0.0, scale / p.shape[-1] ** 0.5 * 4)
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    path = make_model("llama", root / "target", seed=1, hidden=64, layers=4)
+    target = load_model(ModelSpec(str(path), "float32"))
+    head = _random_head(target, torch.arange(0, target.vocab_size, 2))  # a draft vocabulary of half
+    save_head(head, root / "head", str(path), ["LlamaForCausalLM"])
+    return target, load_head_lm(str(root / "head"), target), root
+
+
+def _features(target, ids):
+    layers = default_aux_layers(target.model.config.num_hidden_layers)
+    with torch.no_grad():
+        out = target.model(torch.tensor([ids]), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i][0] for i in layers], -1)
+
+
+def test_the_files_round_trip_in_the_speculators_layout(llama, tmp_path):
+    target, head_lm, root = llama
+    config = json.loads((root / "head" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and "model_type" not in config
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    assert config["norm_before_residual"] is False  # written always: vLLM and speculators default differently
+    assert config["draft_vocab_size"] == target.vocab_size // 2
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(root / "head" / "model.safetensors"))
+    assert tensors["fc.weight"].shape == (64, 3 * 64)
+    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * 64
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert int(tensors["t2d"].sum()) == config["draft_vocab_size"]
+    assert "embed_tokens.weight" not in tensors  # the target's: vLLM and load_head share it
+    ids = torch.arange(config["draft_vocab_size"]) + tensors["d2t"]
+    assert torch.equal(ids, torch.arange(0, target.vocab_size, 2))
+    # EAGLE's own layout (midlayer.*, a plain Llama config) loads to the same head.
+    eagle = tmp_path / "eagle-layout"
+    eagle.mkdir()
+    flat = {**config["transformer_layer_config"], "draft_vocab_size": config["draft_vocab_size"]}
+    flat["architectures"] = ["LlamaForCausalLMEagle3"]
+    (eagle / "config.json").write_text(json.dumps(flat))
+    from safetensors.torch import save_file
+
+    save_file(
+        {k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}, str(eagle / "m.safetensors")
+    )
+    assert is_head_folder(eagle) and is_head_folder(root / "head") and not is_head_folder(root / "target")
+    again = load_head(eagle, target.model.config, target.model.get_input_embeddings().weight)
+    for name, tensor in head_lm.model.state_dict().items():
+        assert torch.equal(tensor, again.state_dict()[name]), name
+
+
+def test_cached_passes_equal_one_pass(llama):
+    """Feeding the head token by token, in one pass, or after a crop gives the same logits."""
+    target, head_lm, _ = llama
+    ids = [5, 17, 33, 8, 90, 41, 12, 7]
+    aux = _features(target, ids)
+    one = HeadModel(head_lm)
+    one.start(ids)
+    one.take_features(0, aux)
+    whole = one.forward(ids)
+    step = HeadModel(head_lm)
+    step.start(ids)
+    step.take_features(0, aux)
+    rows = [step.forward(ids[:3])]
+    rows += [step.forward([t]) for t in ids[3:6]]
+    step.crop(4)
+    rows = rows[:1] + rows[1:2] + [step.forward(ids[4:])]
+    bound = logits_tol(head_lm.model, whole[torch.isfinite(whole)])
+    torch.testing.assert_close(torch.cat(rows), whole, atol=bound, rtol=0)
+
+
+def test_training_step_j_is_drafting_the_jth_token(llama):
+    """The training-time test's masks and shifts are what the cached head does when it drafts."""
+    target, head_lm, _ = llama
+    head = head_lm.model
+    ids = [5, 17, 33, 8, 90, 41, 12, 7, 60, 3]
+    aux = _features(target, ids)
+    with torch.no_grad():
+        steps = ttt_forward(head, torch.tensor([ids]), aux[None], steps=3)
+    to_draft = head.draft_to_target
+    for j in range(3):
+        for p in range(j + 1, len(ids)):
+            model = HeadModel(head_lm)
+            model.start(ids)
+            model.take_features(0, aux[: p - j])  # the target has scored positions < p - j
+            logits = model.forward(ids[: p - j + 1])[-1]
+            for r in range(p - j + 1, p + 1):  # j tokens of its own
+                logits = model.forward([ids[r]])[-1]
+            got = logits[to_draft]
+            want = steps[j][0, p]
+            torch.testing.assert_close(got, want, atol=logits_tol(head, want), rtol=0)
+
+
+def test_step_masks_see_the_chain_and_nothing_later():
+    masks = step_masks(5, 3, "cpu")
+    assert masks[0].shape == (5, 5) and torch.equal(masks[0], torch.ones(5, 5).tril().bool())
+    m = masks[2]  # step 2 at position 4: step 0 up to 2, step 1 at 3, itself at 4
+    assert m[4, :5].tolist() == [True, True, True, False, False]
+    assert m[4, 5:10].tolist() == [False, False, False, True, False]
+    assert m[4, 10:].tolist() == [False, False, False, False, True]
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
+def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
+    target, head_lm, _ = llama
+    prompt = target.tokenizer("the cat sat on the mat and then the dog")["input_ids"]
+    params = SamplingParams()
+    ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 48, params)
+    budget = 10 if method == "eagle-tree" else None
+    config = DecoderConfig(method, gamma=4, tree_budget=budget, draft_confidence=0.0)
+    got = build_decoder(config, target, head_lm).generate(prompt, 48, params)
+    assert got.stats.drafted > 0
+    assert got.stats.target_calls < ar.stats.target_calls or got.stats.accepted == 0
+    assert_greedy_equal(target, prompt, got.tokens, ar.tokens, method)
+
+
+def test_greedy_eagle_with_cost_aware_sizing(llama):
+    """With a profile the rounds are sized (k = 0 is a plain step): still the target's tokens."""
+    from draftlab.decode.cost import CostModel
+    from draftlab.models.profile import CostCurve
+
+    target, head_lm, _ = llama
+    curve = CostCurve([1, 2, 4, 8], [64], [[1.0, 1.05, 1.1, 1.3]])
+    head_curve = CostCurve([1, 2, 4, 8], [64], [[0.1, 0.11, 0.12, 0.15]])
+    prompt = target.tokenizer("a big red house and a small blue tree")["input_ids"]
+    ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 40, SamplingParams())
+    for method in ("eagle", "eagle-tree"):
+        decoder = build_decoder(DecoderConfig(method), target, head_lm, CostModel(curve, head_curve))
+        got = decoder.generate(prompt, 40, SamplingParams())
+        assert decoder.sizer is not None
+        assert_greedy_equal(target, prompt, got.tokens, ar.tokens, method)
+
+
+def test_the_first_round_drafts_nothing_and_later_rounds_read_target_features(llama):
+    target, head_lm, _ = llama
+    prompt = target.tokenizer("the dog ran under the tree")["input_ids"]
+    decoder = build_decoder(DecoderConfig("eagle", gamma=3, fixed_k=True), target, head_lm)
+    got = decoder.generate(prompt, 12, SamplingParams())
+    assert got.stats.drafted_per_position[0] == got.stats.rounds - 1  # every round but the prefill
+    head = decoder.proposer.draft
+    assert head.known == len(prompt) + len(got.tokens) - 1  # every final token but the last
+
+
+def test_head_methods_refuse_a_model_and_a_missing_head(llama):
+    target, _, _ = llama
+    with pytest.raises(DraftlabError, match="needs an EAGLE-3 head"):
+        build_decoder(DecoderConfig("eagle"), target)
+    with pytest.raises(DraftlabError, match="not an EAGLE-3 head"):
+        build_decoder(DecoderConfig("eagle"), target, target)
+    with pytest.raises(DraftlabError, match="not an EAGLE-3 head folder"):
+        load_head_lm(target.path, target)
+
+
+# ----------------------------------------------------------------- sampling: exact, with power shown
+
+
+@pytest.fixture(scope="module")
+def vocab6(tmp_path_factory):
+    from test_sampling_exact import _tiny_vocab_model
+
+    root = tmp_path_factory.mktemp("vocab6-eagle")
+    target = _tiny_vocab_model(root / "target", 11)
+    head = _random_head(target, torch.tensor([0, 1, 3, 4]), seed=5, scale=2.0)  # never proposes 2 or 5
+    save_head(head, root / "head", str(root / "target"), ["LlamaForCausalLM"])
+    return target, load_head_lm(str(root / "head"), target)
+
+
+def _eagle_decoder(target, head_lm, rule):
+    proposer = EagleProposer(HeadModel(head_lm))
+    return SpeculativeDecoder(CachedModel(target), proposer, rule, gamma=2)
+
+
+def _counts(decoder, samples):
+    from test_sampling_exact import PARAMS, PROMPT
+
+    from draftlab.verify.exactness import sample_pairs
+
+    # The head drafts from round 2 on: the first token is the prefill round's own, the second one
+    # comes through the acceptance rule over a head draft (budget 1: γ is cut to 1).
+    return sample_pairs(decoder, PROMPT, PARAMS, range(samples))
+
+
+@pytest.mark.statistical
+def test_eagle_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6):
+    from test_sampling_exact import chi_square_p
+
+    target, head_lm = vocab6
+    run = _counts(_eagle_decoder(target, head_lm, SpeculativeRule()), 10_000)
+    assert run.acceptance is not None and 0.1 < run.acceptance < 0.95, run.acceptance
+    assert chi_square_p(target, run.counts) > FALSE_FAILURE
+    wrong = _counts(_eagle_decoder(target, head_lm, ResampleFromTargetRule()), 10_000)
+    assert chi_square_p(target, wrong.counts) < SHOWN_POWER
