@@ -85,12 +85,15 @@ def load(folder: Path, records: list[dict]) -> list[dict]:
     """The records that have features, each with `aux` [T, n·H], `final` [T, H] and `top` [T] (the
     target's argmax, None in shards written without it) attached."""
     by_key = {r["key"]: r for r in records}
-    out = []
+    out, seen = [], set()
     for shard in sorted(folder.glob(FEATURE_GLOB)):
         data = torch.load(shard, weights_only=True)
         tops = data.get("top") or [None] * len(data["keys"])
         for key, aux, final, top in zip(data["keys"], data["aux"], data["final"], tops, strict=True):
-            if key in by_key:
+            # A key names its job; should a job's sequence have been generated twice (the same
+            # instruction drawn twice), only the features that belong to the record kept are used.
+            if key in by_key and key not in seen and len(aux) == len(by_key[key]["ids"]):
+                seen.add(key)
                 out.append({**by_key[key], "aux": aux, "final": final, "top": top})
     return out
 

@@ -81,7 +81,9 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
     new_tokens = sum(after.get("response_tokens", {}).values()) - sum(
         before.get("response_tokens", {}).values()
     )
-    records = [r for r in D.load_shards(cfg.data_dir) if len(r["ids"]) > 1]
+    # One record per key: the same instruction drawn twice is one job, whose batch-padded greedy
+    # answers may differ in the last bits.
+    records = list({r["key"]: r for r in reversed(D.load_shards(cfg.data_dir)) if len(r["ids"]) > 1}.values())
     if not records:
         raise DraftlabError("no training data: give --prompts or --text files (or keep the default prompts)")
 
@@ -247,6 +249,10 @@ def evaluate_decoding(cfg: DistillConfig, target: LoadedModel) -> dict:
     return result
 
 
+def _per_source(counts: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted((counts or {}).items()))
+
+
 def _readme(r: dict) -> str:
     d, h, t = r["data"], r["held_out"] or {}, r["train_config"]
     dec = r.get("decoding") or {}
@@ -260,7 +266,9 @@ def _readme(r: dict) -> str:
         f"{r['target']['aux_layers']} of {r['target']['layers']}",
         f"- head: one decoder layer, {r['head']['parameters'] / 1e6:.1f}M parameters, draft vocabulary "
         f"{r['head']['draft_vocab_size']}",
-        f"- data: {d.get('sequences')} sequences, {d.get('response_tokens')} response tokens; "
+        f"- data: {sum((d.get('sequences') or {}).values())} sequences ({_per_source(d.get('sequences'))}), "
+        f"{sum((d.get('tokens') or {}).values())} tokens of which {sum((d.get('response_tokens') or {}).values())} "
+        f"are the target's answers; "
         f"{d['train_sequences']} trained on, {d['held_out_sequences']} held out; generation this run "
         f"{d['generation_seconds_this_run']} s at {d['generation_tokens_per_s']} tokens/s",
         f"- training: {r['trained_steps']} steps of ~{t['batch_tokens']} tokens, {t['ttt_steps']} "
