@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 workers="${DRAFTLAB_TEST_WORKERS:-2}"
 sensitive=(
     tests/test_exactness_unit.py tests/test_sampling_exact.py tests/test_rules_unit.py
-    tests/test_lossless.py tests/test_trees.py tests/test_sizing.py tests/test_audit.py
+    tests/test_lossless.py tests/test_trees.py tests/test_sizing.py tests/test_audit.py tests/test_eagle.py
     tests/test_routing.py
 )
 

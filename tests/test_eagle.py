@@ -237,3 +237,12 @@ def test_eagle_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6):
     assert chi_square_p(target, run.counts) > FALSE_FAILURE
     wrong = _counts(_eagle_decoder(target, head_lm, ResampleFromTargetRule()), 10_000)
     assert chi_square_p(target, wrong.counts) < SHOWN_POWER
+
+
+def test_a_resumed_run_redoes_the_steps_past_its_checkpoint_in_the_log(tmp_path):
+    from draftlab.distill.eagle_pipeline import _trim_log
+
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
+    _trim_log(log, 5)  # stopped at step 7, checkpointed at 5
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5]

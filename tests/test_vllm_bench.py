@@ -17,7 +17,16 @@ from draftlab.cli import main
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm") / "bench"
     # Both engines in one interleaved run (our loop with a fixed k: no cost profile to measure).
-    argv = ["bench", "--engines", "hf,vllm", "--methods", "ar,pld,sps", "--subtasks", "qa,rag,summarization"]
+    # eagle: the EAGLE-3 head draftlab trained and ships, on our loop and as vLLM's eagle3.
+    argv = [
+        "bench",
+        "--engines",
+        "hf,vllm",
+        "--methods",
+        "ar,pld,sps,eagle",
+        "--subtasks",
+        "qa,rag,summarization",
+    ]
     argv += ["--limit", "1", "--fixed-k", "--ar-dtypes", "none", *COMMON, "--out", str(out)]
     # The parallel arguments at size 1 reach vLLM unchanged: the records say what it ran with.
     argv += [
@@ -37,9 +46,9 @@ def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
     by_label: dict[str, list[dict]] = {}
     for r in rows:
         by_label.setdefault(r["label"], []).append(r)
-    assert set(by_label) == {"ar", "pld", "sps", "ar@vllm", "pld@vllm", "sps@vllm"}
+    assert set(by_label) == {"ar", "pld", "sps", "eagle", "ar@vllm", "pld@vllm", "sps@vllm", "eagle@vllm"}
     ar = {r["example_id"]: r["tokens"] for r in by_label["ar@vllm"]}
-    for label in ("pld@vllm", "sps@vllm"):
+    for label in ("pld@vllm", "sps@vllm", "eagle@vllm"):
         for r in by_label[label]:
             assert r["tokens"] == ar[r["example_id"]], (label, r["example_id"])
             assert r["greedy_match"] is True
@@ -49,6 +58,8 @@ def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
 def test_counters_are_consistent(bench_run):
     speculative = [r for r in records(bench_run) if r["label"] in ("pld@vllm", "sps@vllm")]
     assert sum(r["drafted"] for r in speculative if r["method"] == "sps") > 0  # the draft drafted
+    heads = [r for r in records(bench_run) if r["label"] == "eagle@vllm"]
+    assert sum(r["accepted"] for r in heads) > 0  # vLLM ran our head, and the target accepted its drafts
     for r in speculative:
         drafts = r["proposer_info"]["spec_decode_num_drafts"]
         assert 0 <= r["accepted"] <= r["drafted"]

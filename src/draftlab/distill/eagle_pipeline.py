@@ -122,6 +122,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
         head = head_for_target(target.model.config, embedding, lm_full, vocab, aux_layers, seed=cfg.seed)
         start_step, optimizer_state, train_seconds = 0, None, 0.0
     log_path = cfg.out / "train_log.jsonl"
+    _trim_log(log_path, start_step)  # steps past the checkpoint (a run stopped between saves) are redone
     last: dict = dict(checkpoint.get("last", {})) if checkpoint else {}
     t_train = time.time()
     verifier = cfg.target
@@ -147,7 +148,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
             if progress
             else None
         )
-        with log_path.open("a") as log:
+        with log_path.open("a", buffering=1) as log:  # line-buffered: the curve can be watched
 
             def on_step(step: int, metrics: dict) -> None:
                 last.clear()
@@ -221,6 +222,15 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
         "generation_tokens_per_s": recipe["data"]["generation_tokens_per_s"],
         "seconds": time.time() - started,
     }
+
+
+def _trim_log(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        write_text(path, "".join(line + "\n" for line in kept))
 
 
 def export(head: Eagle3Head, out: Path, verifier: str, target: LoadedModel) -> None:
