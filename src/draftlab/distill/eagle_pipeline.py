@@ -10,6 +10,7 @@ prompts it did not train on.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -47,10 +48,6 @@ def held_out(record: dict, any_source: bool = False) -> bool:
         return False
     digest = int(hashlib.sha1(record["key"].encode()).hexdigest()[:8], 16)
     return digest / 0xFFFFFFFF < HELD_OUT_SHARE
-
-
-def _budget_left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.time(), 0.0)
 
 
 def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
@@ -235,15 +232,8 @@ def _trim_log(path: Path, step: int) -> None:
 
 def export(head: Eagle3Head, out: Path, verifier: str, target: LoadedModel) -> None:
     """The head in bfloat16, in the speculators format (what `--head OUT` and vLLM load)."""
-    shipped = Eagle3Head(
-        head.config,
-        head.draft_vocab_size,
-        head.aux_layers,
-        head.target_hidden_size,
-        head.norm_before_residual,
-    )
-    shipped.load_state_dict(head.state_dict())
-    save_head(shipped.to(torch.bfloat16), out, verifier, target.model.config.architectures or [])
+    shipped = copy.deepcopy(head).to(torch.bfloat16)  # the float32 head goes on training
+    save_head(shipped, out, verifier, target.model.config.architectures or [])
 
 
 def evaluate_decoding(cfg: DistillConfig, target: LoadedModel) -> dict:

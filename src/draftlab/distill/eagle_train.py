@@ -155,6 +155,14 @@ def batches(records: list[dict], batch_tokens: int, max_len: int, rng: random.Ra
     return out
 
 
+def vocab_maps(head: Eagle3Head, lm_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target LM head's rows for the draft vocabulary, and target id -> draft id (-1: none)."""
+    ids = head.draft_to_target.cpu()
+    target_to_draft = torch.full((lm_full.shape[0],), -1, dtype=torch.long)
+    target_to_draft[ids] = torch.arange(len(ids))
+    return lm_full[ids].float(), target_to_draft
+
+
 def train(
     head: Eagle3Head,
     records: list[dict],
@@ -173,10 +181,7 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
-    ids = head.draft_to_target.cpu()
-    lm_rows = lm_full[ids].float()
-    target_to_draft = torch.full((lm_full.shape[0],), -1, dtype=torch.long)
-    target_to_draft[ids] = torch.arange(len(ids))
+    lm_rows, target_to_draft = vocab_maps(head, lm_full)
     rng = random.Random(config.seed + start_step)
     queue: list[list[dict]] = []
     step = start_step
@@ -222,10 +227,7 @@ def held_out_metrics(
         return {}
     was = head.training
     head.eval()
-    ids = head.draft_to_target.cpu()
-    lm_rows = lm_full[ids].float()
-    target_to_draft = torch.full((lm_full.shape[0],), -1, dtype=torch.long)
-    target_to_draft[ids] = torch.arange(len(ids))
+    lm_rows, target_to_draft = vocab_maps(head, lm_full)
     gamma = min(gamma, steps)
     hits = [0.0] * steps
     counted = 0.0
