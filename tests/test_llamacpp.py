@@ -26,6 +26,7 @@ from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import cached
 from draftlab.models.catalogue import ENTRIES
 from draftlab.models.install import gguf_path
+from draftlab.models.profile import CostCurve, Profile, fingerprint, load_cached, measure, save
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -120,6 +121,31 @@ def assert_greedy_equal(lm, prompt: list[int], got: list[int], want: list[int], 
 def prompts(target):
     examples = load_suite("builtin", ["summarization", "qa", "translation"], limit=1)
     return [encode_prompt(target, e.turns[0], chat=True) for e in examples]
+
+
+def synthetic(step_ms: float, verify4: float = 1.1) -> CostCurve:
+    """A cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that."""
+    sizes = [1, 2, 4, 8, 16]
+    row = [step_ms * (1 + (verify4 - 1) * (n - 1) / 4) for n in sizes]
+    return CostCurve(sizes, [64, 1024], [row, row], [16, 1024], [16 * step_ms / 8, 1024 * step_ms / 8])
+
+
+def seed_profile(lm, curve: CostCurve) -> None:
+    save(lm, Profile(fingerprint(lm), curve, 1, 0.0, "2026-11-25T00:00:00"))
+
+
+@pytest.fixture
+def own_profiles(tmp_path, monkeypatch):
+    """An empty profile cache of the test's own, for synthetic curves."""
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+
+
+@pytest.fixture(scope="module")
+def one_thread(gguf):
+    """The target on one thread, where llama.cpp's passes of every size round alike (see below)."""
+    from draftlab.models.llamacpp import load_llamacpp
+
+    return load_llamacpp(TARGET, n_threads=1)
 
 
 def test_missing_library_is_one_line(capsys, monkeypatch):
@@ -264,7 +290,17 @@ def test_two_decoders_on_one_model_take_turns(target, prompts):
 @needs_llama_cpp
 def test_generate_cli_on_llamacpp(capsys, target, prompts):
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
-    common = ["generate", "--engine", "llamacpp", "--json", "--chat", "--max-new-tokens", "16", prompt]
+    common = [
+        "generate",
+        "--engine",
+        "llamacpp",
+        "--json",
+        "--chat",
+        "--max-new-tokens",
+        "16",
+        "--fixed-k",
+        prompt,
+    ]
     records = {}
     for method in ("ar", "pld", "sps", "pld-tree"):
         assert main([*common, "--method", method]) == 0
@@ -301,10 +337,13 @@ def test_bad_inputs_are_one_line(capsys, tmp_path, tiny_pair, gguf):
 
 
 @needs_llama_cpp
-def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target):
+def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target, own_profiles):
     """`--engines hf,llamacpp`: each method on both engines in one interleaved run; llama.cpp's
     speculative methods write llama.cpp ar's tokens, and "vs best ar" is over both engines' ar."""
     out = tmp_path / "both"
+    # Flat synthetic curves (verifying 4 drafts costs 1.1 steps), so that both engines' pld drafts.
+    seed_profile(target, synthetic(10.0))
+    seed_profile(load_model(ModelSpec(TARGET, dtype="float32")), synthetic(20.0))
     argv = ["bench", "--engines", "hf,llamacpp", "--methods", "ar,pld", "--subtasks", "qa,translation"]
     argv += ["--limit", "1", "--max-new-tokens", "16", "--dtype", "float32", "--ar-dtypes", "none"]
     assert main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
@@ -312,8 +351,11 @@ def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target):
     labels = {r["label"] for r in rows}
     assert labels == {"ar", "pld", "ar@llamacpp", "pld@llamacpp"}
     ar = {r["example_id"]: r["tokens"] for r in rows if r["label"] == "ar@llamacpp"}
+    drafted = 0
     for r in (r for r in rows if r["label"] == "pld@llamacpp"):
         assert r["tokens"] == ar[r["example_id"]] and r["greedy_match"] is True
+        drafted += r["drafted"]
+    assert drafted > 0  # cost-aware rounds on llama.cpp's (synthetic) curve did speculate
     summary = json.loads((out / "summary.json").read_text())
     assert summary["overall"]["pld@llamacpp"]["baseline"] == "ar@llamacpp"
     best = {m["best_plain"] for m in summary["overall"].values()}
@@ -342,3 +384,71 @@ def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
     assert bench.default_llamacpp(SimpleNamespace(engines="hf", methods=None), ["hf"], default) == []
     monkeypatch.setattr(llamacpp_engine, "installed", lambda: False)
     assert bench.default_llamacpp(args, ["hf"], default) == []
+
+
+@needs_llama_cpp
+def test_one_thread_passes_of_every_size_are_bitwise_equal(one_thread):
+    """What the exactness tests below rest on, and what `draftlab audit --engine llamacpp` rechecks.
+
+    With more threads, llama.cpp 0.3.36 splits the keys and values of a 1-token pass over its threads
+    once the cache holds 512 cells (flash attention's split-KV path), and a pass of several tokens
+    does not: the two round differently, by up to about 1 logit on this model. On one thread both
+    take the same path.
+    """
+    ids = torch.randint(0, 40000, (310,), generator=torch.Generator().manual_seed(0)).tolist()
+    model = cached(one_thread)
+    model.start(ids)
+    model.forward(ids[:300], keep=1)
+    one_pass = model.forward(ids[300:304])
+    model.crop(300)
+    steps = torch.cat([model.forward([t]) for t in ids[300:304]])
+    assert torch.equal(one_pass, steps)
+
+
+@needs_llama_cpp
+def test_cost_aware_sizing_on_llamacpp_follows_its_curve(one_thread, prompts, own_profiles):
+    """Rounds sized from llama.cpp's cost curve: greedy output stays llama.cpp ar's, and the curve
+    decides. A flat curve (4 drafts verified at 1.1 steps) makes sps draft; a steep one (4 drafts at
+    4 steps, steeper than llama.cpp's measured 2.2-2.5 on our Xeon) with a draft costing a third of a
+    step makes every round plain."""
+    from draftlab.decode.cost import CostModel
+
+    draft = load_model(ModelSpec(DRAFT, dtype="float32"))
+    ar = build_decoder(DecoderConfig(method="ar"), one_thread)
+    drafted = {}
+    for name, verify4 in (("flat", 1.1), ("steep", 4.0)):
+        cost = CostModel(synthetic(9.0, verify4), synthetic(3.0, 1.1))
+        drafted[name] = {"sps": 0, "pld": 0}
+        for ids in prompts:
+            want = ar.generate(ids, NEW_TOKENS, SamplingParams()).tokens
+            for method in ("sps", "pld"):
+                config = DecoderConfig(method=method)
+                assert config.adaptive
+                decoder = build_decoder(config, one_thread, draft if method == "sps" else None, cost)
+                assert decoder.sizer is not None
+                out = decoder.generate(ids, NEW_TOKENS, SamplingParams())
+                assert out.tokens == want, (name, method)
+                drafted[name][method] += out.stats.drafted
+    assert drafted["flat"]["sps"] > 0 and drafted["flat"]["pld"] > 0, drafted
+    assert drafted["steep"]["sps"] == 0, drafted
+
+
+@needs_llama_cpp
+def test_profile_measures_llamacpp(capsys, target, tmp_path, own_profiles):
+    """`draftlab profile --engine llamacpp`: llama.cpp's own cost curve, cached apart from transformers'
+    (its fingerprint names the engine, the GGUF's quantization and llama.cpp's threads)."""
+    curve = measure(target, sizes=(1, 2, 4), contexts=[32], prefill_lengths=[16], repeats=1)
+    assert curve.sizes == [1, 2, 4] and curve.contexts == [32] and all(ms > 0 for ms in curve.ms[0])
+    fp = fingerprint(target)
+    assert fp["engine"] == "llamacpp" and fp["dtype"] == "Q4_1" and fp["threads"] == target.threads
+    assert "transformers" not in fp
+
+    seed_profile(target, synthetic(10.0, 2.5))  # the CLI reads it instead of measuring for 30 s
+    out = tmp_path / "profile"
+    assert main(["profile", "--engine", "llamacpp", "--target", TARGET, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "llama.cpp" in printed and "Break-even" in printed
+    result = json.loads((out / "profile.json").read_text())
+    assert result["engine"] == "llamacpp" and list(result["profiles"]) == ["target/Q4_1"]
+    assert result["profiles"]["target/Q4_1"]["curve"]["ms"][0][0] == pytest.approx(10.0)
+    assert load_cached(target).curve.ms[0][0] == pytest.approx(10.0)

@@ -185,12 +185,17 @@ def llamacpp_variants(
 
     gguf = load_llamacpp(target.spec.name, tokenizer=args.tokenizer or target.tokenizer, n_ctx=args.n_ctx)
     variants = []
+    costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
     for method, config in configs.items():
         check_fits(config, gguf)
         params = {**variant_params(args, config), "engine": "llamacpp", "quantization": gguf.spec.dtype}
-        params["sizing"] = "fixed k (no llama.cpp cost profile yet)" if config.adaptive else None
         uses_draft = draft if config.needs_draft else None
-        variants.append(Variant(method + LLAMACPP_SUFFIX, config, gguf, uses_draft, sampling, params))
+        cost = None
+        if config.adaptive:
+            if id(uses_draft) not in costs:
+                costs[id(uses_draft)] = cost_model(args, gguf, uses_draft)
+            cost = costs[id(uses_draft)]
+        variants.append(Variant(method + LLAMACPP_SUFFIX, config, gguf, uses_draft, sampling, params, cost))
     return variants, {"gguf": gguf.path, "quantization": gguf.spec.dtype, "threads": gguf.threads}
 
 

@@ -56,9 +56,8 @@ def run(args: argparse.Namespace) -> int:
     check_fits(config, target)
     ids = encode_prompt(target, prompt, chat=args.chat)
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
-    # No cost profile of llama.cpp yet (`draftlab profile` measures transformers models): fixed k.
-    adaptive = config.adaptive and not llamacpp
-    cost = cost_model(args, target, draft if config.needs_draft else None) if adaptive else None
+    # On llama.cpp the target's curve is llama.cpp's own (`draftlab profile --engine llamacpp`).
+    cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
     result = build_decoder(config, target, draft, cost).generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, load_spec
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
@@ -32,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="measure ms per forward pass here, and the acceptance at which speculation pays"
     )
     add_model_args(p)
+    llamacpp_engine.add_engine_arg(p)
     p.add_argument("--full", action="store_true", help="N up to 128 and contexts up to the model's limit")
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile fits")
     p.add_argument("--repeats", type=int, default=3, help="passes per point (the median is kept)")
@@ -98,40 +100,58 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--out '{out_dir}' is a file, not a folder")
     results: dict = {"hardware": hw, "profiles": {}}
     curves = {}
-    for dtype in dtypes:
+    for dtype, models in _settings(args, target_name, draft_name, dtypes, device):
         profiles: dict[str, Profile] = {}
-        for role, name in (("target", target_name), ("draft", draft_name)):
-            if name is None:
-                continue
-            lm = load_spec(ModelSpec(name, dtype, device, args.attn_implementation))
-            with console.status(f"profiling {name} ({dtype})"):
+        for role, lm in models:
+            name = lm.spec.name
+            with console.status(f"profiling {name} ({lm.spec.dtype})"):
                 profile, measured = load_or_measure(
                     lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
                 )
             source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-            console.print(_table(f"{role} {name} · {dtype} · {source}", profile))
+            engine = " · llama.cpp" if getattr(lm.spec, "engine", "hf") == "llamacpp" else ""
+            console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
             profiles[role] = profile
-            results["profiles"][f"{role}/{dtype}"] = json.loads(profile.to_json())
+            results["profiles"][f"{role}/{lm.spec.dtype}"] = json.loads(profile.to_json())
         curves[dtype] = profiles["target"].curve
         console.print(_break_even_table(args.context, profiles["target"], profiles.get("draft")))
-    chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
-    results["dtype_choice"] = {
-        "dtype": chosen,
-        "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
-    }
-    console.print(
-        f"--dtype auto picks [bold]{chosen}[/]: predicted plain decoding of a 256-token prompt + "
-        f"{args.max_new_tokens} tokens: "
-        + ", ".join(
-            f"{d} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
-            for d, v in predicted.items()
+    if args.engine == "llamacpp":
+        results["engine"] = "llamacpp"
+    else:
+        chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
+        results["dtype_choice"] = {
+            "dtype": chosen,
+            "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
+        }
+        console.print(
+            f"--dtype auto picks [bold]{chosen}[/]: predicted plain decoding of a 256-token prompt + "
+            f"{args.max_new_tokens} tokens: "
+            + ", ".join(
+                f"{d} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
+                for d, v in predicted.items()
+            )
         )
-    )
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "profile.json", json.dumps(results, indent=1))
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
+
+
+def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None, dtypes, device):
+    """(dtype, [(role, model)]) per profiled setting, loaded one at a time: on hf one per dtype; on
+    llama.cpp one, in the GGUF's own quantization (a transformers draft beside it in float32)."""
+    if args.engine == "llamacpp":
+        args.target, args.draft = target_name, draft_name
+        target, draft = llamacpp_engine.load_pair(args, draft_name is not None)
+        yield target.spec.dtype, [("target", target)] + ([("draft", draft)] if draft is not None else [])
+        return
+    for dtype in dtypes:
+        names = [("target", target_name)] + ([("draft", draft_name)] if draft_name else [])
+        yield (
+            dtype,
+            [(role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names],
+        )
 
 
 def _plot(results: dict, path: Path) -> None:

@@ -135,6 +135,8 @@ def supported_dtypes(device: torch.device | str) -> list[str]:
 
 def fingerprint(lm: LoadedModel) -> dict:
     """Everything a cost curve depends on: a profile with another fingerprint is re-measured."""
+    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+        return _llamacpp_fingerprint(lm)
     import transformers
 
     return {
@@ -148,6 +150,24 @@ def fingerprint(lm: LoadedModel) -> dict:
         "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "schema": PROFILE_SCHEMA,
+    }
+
+
+def _llamacpp_fingerprint(lm) -> dict:
+    """A GGUF run by llama.cpp: its quantization stands as the dtype, llama.cpp's threads as torch's."""
+    import llama_cpp  # noqa: PLC0415
+
+    return {
+        "model": lm.spec.name,
+        "path": lm.path,
+        "parameters": lm.num_parameters,
+        "dtype": lm.spec.dtype,
+        "engine": "llamacpp",
+        "hardware": hardware("cpu"),
+        "threads": lm.threads,
+        "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        "llama_cpp": llama_cpp.__version__,
         "schema": PROFILE_SCHEMA,
     }
 
