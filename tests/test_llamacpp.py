@@ -418,18 +418,20 @@ def test_cost_aware_sizing_on_llamacpp_follows_its_curve(one_thread, prompts, ow
     drafted = {}
     for name, verify4 in (("flat", 1.1), ("steep", 4.0)):
         cost = CostModel(synthetic(9.0, verify4), synthetic(3.0, 1.1))
-        drafted[name] = {"sps": 0, "pld": 0}
+        drafted[name] = {"sps": 0, "pld": 0, "pld-tree": 0}
         for ids in prompts:
             want = ar.generate(ids, NEW_TOKENS, SamplingParams()).tokens
-            for method in ("sps", "pld"):
+            for method in drafted[name]:
                 config = DecoderConfig(method=method)
                 assert config.adaptive
                 decoder = build_decoder(config, one_thread, draft if method == "sps" else None, cost)
+                # A tree method verifies chains here, still cut to what pays by its tree sizer.
                 assert decoder.sizer is not None
                 out = decoder.generate(ids, NEW_TOKENS, SamplingParams())
                 assert out.tokens == want, (name, method)
+                assert bool(out.stats.tree_fallback) == (method == "pld-tree")
                 drafted[name][method] += out.stats.drafted
-    assert drafted["flat"]["sps"] > 0 and drafted["flat"]["pld"] > 0, drafted
+    assert all(drafted["flat"].values()), drafted
     assert drafted["steep"]["sps"] == 0, drafted
 
 

@@ -139,14 +139,13 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.sizer = sizer
         self.tree_budget = tree_budget
-        # A tree proposer on a model that cannot take a tree mask proposes its best chain.
+        # A tree proposer on a model that cannot take a tree mask proposes its best chain, which a
+        # tree sizer still cuts to the nodes worth one pass (a chain is a tree of one branch).
         self.trees = proposer.makes_trees
         self.tree_fallback: str | None = None
         if self.trees and not target.supports_trees():
             self.trees, self.tree_budget = False, None
             self.tree_fallback = "the target cannot verify token trees (no 4D-mask support): chains"
-            if isinstance(sizer, TreeSizer):
-                self.sizer = None
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
 
@@ -317,6 +316,8 @@ class SpeculativeDecoder:
         proposal = proposer.propose(sequence, depth, params, sampler)
         if sizer.free_drafts:
             sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
+        if not self.trees:
+            proposal = proposal.select(proposal.top_path()[:depth])
         return sizer.fit(proposal, len(sequence), drafted_ms, proposer.forward_calls - calls)
 
     @staticmethod
