@@ -197,6 +197,13 @@ def test_judgement_and_verdict():
     assert lossy.judge(0.001) == "lossy by design"
     sampled = MethodAudit("x", True, 1, 1, [], [{"prefix": 1, "p_value": 1e-9, "float32_p_value": 0.4}])
     assert sampled.judge(0.001) == "lossless (float32)"
+    # On llama.cpp the rerun is on one thread; a difference it clears is rounding too.
+    thread = MethodAudit("pld", True, 2, 1, [{**tie, "float32": None, "one_thread": "matches"}])
+    assert thread.judge(0.001) == "lossless (1 thread)" and "one thread" in thread.reasons[0]
+    broken = MethodAudit("pld", True, 2, 1, [{**tie, "float32": None, "one_thread": "diverges"}])
+    assert broken.judge(0.001) == "NOT lossless" and "1 thread too" in broken.reasons[0]
+    resampled = MethodAudit("x", True, 1, 1, [], [{"prefix": 1, "p_value": 1e-9, "one_thread_p_value": 1e-8}])
+    assert resampled.judge(0.001) == "NOT lossless"
     line = verdict([rounding, defect, lossy], {"shown": False})
     assert line.startswith("audit: NOT lossless: pld (greedy (prompt 1 token 4: 'a' vs 'b', float32 too))")
     assert "; lossless: sps; lossy by design: bild; WARNING: the sampling check lacked power" in line

@@ -454,3 +454,58 @@ def test_profile_measures_llamacpp(capsys, target, tmp_path, own_profiles):
     assert result["engine"] == "llamacpp" and list(result["profiles"]) == ["target/Q4_1"]
     assert result["profiles"]["target/Q4_1"]["curve"]["ms"][0][0] == pytest.approx(10.0)
     assert load_cached(target).curve.ms[0][0] == pytest.approx(10.0)
+
+
+@needs_llama_cpp
+@pytest.mark.statistical
+def test_audit_on_llamacpp_with_power(capsys, tmp_path, own_profiles, target):
+    """`draftlab audit --engine llamacpp`: greedy against llama.cpp's own ar, and the sampling check
+    against the law computed from llama.cpp's logits, where the wrong rule must be rejected."""
+    seed_profile(target, synthetic(10.0))  # flat: cost-aware rounds draft, so verification is exercised
+    out = tmp_path / "audit.json"
+    argv = ["audit", "--engine", "llamacpp", "--methods", "sps,pld", "--quiet", "--max-new-tokens", "16"]
+    argv += ["--samples", "300", "--prefixes", "1", "--json", str(out)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "audit: lossless: sps, pld"
+    result = json.loads(out.read_text())
+    assert result["engine"] == "llamacpp" and result["dtype"]["target"] == "Q4_1"
+    assert "llama_cpp" in result["versions"]
+    assert result["power"]["shown"] and result["power"]["proposer_of"] == "sps"
+    sps = result["methods"]["sps"]
+    assert sps["sampling"][0]["p_value"] >= result["settings"]["alpha_per_test"]
+    assert sps["sampling"][0]["drafted"] > 0 and sps["sampling"][0]["accepted"] > 0
+
+
+@needs_llama_cpp
+def test_audit_on_llamacpp_refuses_what_it_cannot_run(capsys):
+    check_error(
+        capsys,
+        ["audit", "--engine", "llamacpp", "--methods", "hf-assisted", "--samples", "0"],
+        "hf-assisted",
+        "not available on engine llamacpp",
+    )
+
+
+@needs_llama_cpp
+def test_kept_prefix_is_fed_once_and_changes_nothing(target, prompts, config):
+    """`keep_prefix` (the audit's thousands of samples of one prompt): later generations feed only
+    what follows the prefix, and score it as a fresh pass does."""
+    from draftlab.models.llamacpp import keep_prefix
+
+    prompt, x = prompts[1], prompts[1][3:6]
+    fresh = cached(target)
+    fresh.start(prompt)
+    want = fresh.forward(prompt + x, keep=len(x) + 1)
+
+    keeping = cached(keep_prefix(target, prompt[:-1]))
+    for generation in range(3):
+        assert keeping.start(prompt) == prompt
+        assert keeping.length == (0 if generation == 0 else len(prompt) - 1)
+        got = keeping.forward(prompt[keeping.length :] + x, keep=len(x) + 1)
+        assert float((got - want).abs().max()) <= logits_bound(config, want)
+        keeping.forward(x)  # more tokens past the prefix, dropped by the next start
+    other = cached(target)
+    other.start(prompts[0])  # another decoder used the context: nothing is kept
+    other.forward(prompts[0][:8])
+    keeping.start(prompt)
+    assert keeping.length == 0

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from draftlab import __version__
 from draftlab.bench.audit import (
+    RECHECKS,
     WRONG_RULE,
     MethodAudit,
     first_divergence,
@@ -28,6 +29,7 @@ from draftlab.bench.audit import (
     parse_methods,
     verdict,
 )
+from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
@@ -40,6 +42,7 @@ from draftlab.cli.common import (
 from draftlab.cli.console import report_console
 from draftlab.decode.methods import DecoderConfig, build_decoder, method_spec
 from draftlab.errors import DraftlabError
+from draftlab.models.cached import cached
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import hardware
 from draftlab.models.prompting import encode_prompt
@@ -62,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "audit",
         help="check that speculation does not change this pair's outputs (greedy and sampling)",
         description="Greedy: each method's tokens against ar's, per prompt (a difference only in bfloat16 "
-        "or float16 is rerun in float32). Sampling: a chi-square test of 2-token samples against the "
+        "or float16 is rerun in float32; on llama.cpp, on one thread). Sampling: a chi-square test of 2-token samples against the "
         "target's exact law, with a deliberately wrong rule as the power check. Exit 0: lossless; "
         "1: a method is not; 2: bad input.",
     )
@@ -91,6 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
+    llamacpp_engine.add_engine_arg(p)
     p.set_defaults(max_new_tokens=256, temperature=1.0, func=run)
     for action in p._actions:
         if action.dest == "max_new_tokens":
@@ -161,9 +165,18 @@ def _logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float 
     """logit(a) - logit(b) where ar wrote a and the method b: how near a tie the choice was."""
     if b is None:
         return None
-    with torch.inference_mode():
-        logits = lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0, -1].float()
+    if _on_llamacpp(lm):
+        runner = cached(lm)
+        runner.start(ids)
+        logits = runner.forward(ids, keep=1)[-1]
+    else:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0, -1].float()
     return float(logits[a] - logits[b])
+
+
+def _on_llamacpp(lm) -> bool:
+    return getattr(lm.spec, "engine", "hf") == "llamacpp"
 
 
 class Audit:
@@ -180,16 +193,24 @@ class Audit:
         return {m: build_decoder(c, target, draft, cost if c.adaptive else None) for m, c in configs.items()}
 
     def float32_pair(self, target: LoadedModel, draft: LoadedModel | None):
+        """The pair a difference is rerun on: float32 copies, or on llama.cpp one-thread copies (there
+        every pass size takes the same kernels; the GGUF's quantization cannot change)."""
         if self.float32 is None:
-            t32 = load_spec(dataclasses.replace(target.spec, dtype="float32"))
-            d32 = load_spec(dataclasses.replace(draft.spec, dtype="float32")) if draft is not None else None
-            self.float32 = (t32, d32)
+            self.float32 = (_recheck_copy(target), _recheck_copy(draft) if draft is not None else None)
         return self.float32
+
+    @staticmethod
+    def recheck_key(target, draft) -> str | None:
+        """The record key of the rerun this pair gets on a difference, or None (nothing to rerun)."""
+        if _on_llamacpp(target):
+            return "one_thread"
+        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
+        return "float32" if low else None
 
     def greedy(self, audits, target, draft, cost, prompts):
         args = self.args
         decoders = self.decoders([a.method for a in audits], target, draft, cost)
-        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
+        recheck = self.recheck_key(target, draft)
         for i, ids in enumerate(prompts):
             self.bar.say(f"greedy · prompt {i + 1}/{len(prompts)} · ar")
             ar = decoders["ar"].generate(ids, args.max_new_tokens, GREEDY).tokens
@@ -213,23 +234,27 @@ class Audit:
                     "ar_text": _token_text(target, want),
                     "method_text": _token_text(target, got),
                     "logit_gap": _logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
-                    "float32": None,
+                    recheck or "float32": None,
                 }
-                if low and audit.lossless_claim:
-                    record["float32"] = self.recheck_float32(audit.method, i, ids, target, draft)
+                if recheck and audit.lossless_claim:
+                    record[recheck] = self.recheck_float32(audit.method, i, ids, target, draft)
                 audit.divergences.append(record)
 
     def recheck_float32(self, method: str, i: int, ids: list[int], target, draft) -> str:
         args = self.args
         t32, d32 = self.float32_pair(target, draft)
         self.bar.add(2 if i not in self.ar32 else 1)
-        self.bar.say(f"greedy · prompt {i + 1} · float32 recheck · {method}")
+        how = "one-thread" if _on_llamacpp(target) else "float32"
+        self.bar.say(f"greedy · prompt {i + 1} · {how} recheck · {method}")
         if i not in self.ar32:
             ar = build_decoder(decoder_config(args, "ar"), t32)
             self.ar32[i] = ar.generate(ids, args.max_new_tokens, GREEDY).tokens
             self.bar.step()
         config = decoder_config(args, method)
-        cost = cost_model(args, t32, d32 if config.needs_draft else None) if config.adaptive else None
+        # On one llama.cpp thread every pass size rounds alike, so how rounds are sized cannot matter
+        # there, and fixed k spares profiling the copy.
+        sized = config.adaptive and not _on_llamacpp(t32)
+        cost = cost_model(args, t32, d32 if config.needs_draft else None) if sized else None
         tokens = build_decoder(config, t32, d32, cost).generate(ids, args.max_new_tokens, GREEDY).tokens
         self.bar.step()
         return "matches" if tokens == self.ar32[i] else "diverges"
@@ -264,7 +289,7 @@ class Audit:
         power: dict | None = None
         if wrong is not None:
             power = {"rule": WRONG_RULE, "proposer_of": wrong, "prefixes": [], "shown": False}
-        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
+        recheck = self.recheck_key(target, draft)
         for j, ids in enumerate(prefixes):
             law = two_token_law(target, ids, self.params, args.samples)
             where = f"sampling · prefix {j + 1}/{len(prefixes)}"
@@ -272,12 +297,12 @@ class Audit:
                 config = configs[audit.method]
                 result = self.sample(config, target, draft, ids, law, f"{where} · {audit.method}")
                 result.update(prefix=j + 1, cells=law.degrees_of_freedom + 1, law_cells=len(law.cells))
-                if low and audit.lossless_claim and result["p_value"] < alpha_per_test:
+                if recheck and audit.lossless_claim and result["p_value"] < alpha_per_test:
                     t32, d32 = self.float32_pair(target, draft)
                     law32 = two_token_law(t32, ids, self.params, args.samples)
                     self.bar.add(args.samples)
-                    again = self.sample(config, t32, d32, ids, law32, f"{where} · {audit.method} · float32")
-                    result["float32_p_value"] = again["p_value"]
+                    again = self.sample(config, t32, d32, ids, law32, f"{where} · {audit.method} · {recheck}")
+                    result[f"{recheck}_p_value"] = again["p_value"]
                 audit.sampling.append(result)
             if power is not None:
                 result = self.sample(
@@ -321,7 +346,12 @@ def run(args: argparse.Namespace) -> int:
             raise DraftlabError(f"method '{needs_draft[0]}' needs a draft model: pass --draft")
         methods = [m for m in methods if m not in needs_draft]
         Console(stderr=True).print(f"[dim]no --draft: {', '.join(needs_draft)} not audited[/]")
-    target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
+    if args.engine == "llamacpp":
+        for m in methods:
+            llamacpp_engine.check_method(m)
+        target, draft = llamacpp_engine.load_pair(args, any(method_spec(m).needs_draft for m in methods))
+    else:
+        target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
     prompts = [encode_prompt(target, t, chat=not args.no_chat) for t in texts]
     configs = {m: decoder_config(args, m) for m in ["ar", *methods]}
     ar = build_decoder(configs["ar"], target)
@@ -356,7 +386,8 @@ def run(args: argparse.Namespace) -> int:
         "device": {"target": target.spec.device, "draft": draft.spec.device if draft else None},
         "dtype_choice": getattr(args, "dtype_choices", {}).get(target.spec.name),
         "hardware": hardware(target.device),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "engine": args.engine,
+        "versions": _versions(target),
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "torch_threads": torch.get_num_threads(),
         "settings": {
@@ -386,6 +417,23 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
     console.print(line, markup=False, highlight=False)
     return 1 if result["not_lossless"] else 0
+
+
+def _recheck_copy(lm):
+    if _on_llamacpp(lm):
+        from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
+
+        return load_llamacpp(lm.spec.name, tokenizer=lm.tokenizer, n_ctx=lm.context_length, n_threads=1)
+    return load_spec(dataclasses.replace(lm.spec, dtype="float32"))
+
+
+def _versions(target) -> dict:
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if _on_llamacpp(target):
+        import llama_cpp  # noqa: PLC0415
+
+        versions["llama_cpp"] = llama_cpp.__version__
+    return versions
 
 
 def _p(value: float) -> str:
@@ -426,7 +474,7 @@ def _print_report(console: Console, result: dict, audits, power, prefixes) -> No
         "method",
         "greedy identical",
         "first divergence",
-        "float32 recheck",
+        "one-thread recheck" if result["engine"] == "llamacpp" else "float32 recheck",
         "sampling p",
         "α",
         "result",
@@ -441,10 +489,13 @@ def _print_report(console: Console, result: dict, audits, power, prefixes) -> No
             if first
             else "-"
         )
-        rechecks = [d["float32"] for d in a.divergences if d["float32"]]
+        rechecks = [d[key] for d in a.divergences for key, _ in RECHECKS if d.get(key)]
         recheck = f"{rechecks.count('matches')}/{len(rechecks)} match" if rechecks else "-"
         ps = ", ".join(
-            _p(x["p_value"]) + (f" (fp32 {_p(x['float32_p_value'])})" if "float32_p_value" in x else "")
+            _p(x["p_value"])
+            + "".join(
+                f" ({name} {_p(x[f'{key}_p_value'])})" for key, name in RECHECKS if f"{key}_p_value" in x
+            )
             for x in a.sampling
         )
         drafted = sum(x["drafted"] for x in a.sampling)

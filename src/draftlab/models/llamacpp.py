@@ -112,11 +112,12 @@ class LlamaCppLM:
 class LlamaCppModel:
     """The `CachedModel` interface over a llama.cpp context: the sequence fed so far, rolled back by `crop`."""
 
-    def __init__(self, lm: LlamaCppLM, use_cache: bool = True) -> None:
+    def __init__(self, lm: LlamaCppLM, use_cache: bool = True, keep_prefix: list[int] | None = None) -> None:
         import llama_cpp  # noqa: PLC0415
 
         self._api = llama_cpp
         self.lm = lm
+        self._keep_prefix = list(keep_prefix or [])
         self.device = lm.device
         self.use_cache = use_cache
         self.forward_calls = 0
@@ -135,7 +136,20 @@ class LlamaCppModel:
         return len(self._tokens)
 
     def start(self, prompt_ids: list[int]) -> list[int]:
-        """Claim the context for a new prompt and return the sequence's prefix (nothing is fed yet)."""
+        """Claim the context for a new prompt and return the sequence's prefix (nothing is fed yet).
+
+        With `keep_prefix` (see `keep_prefix` below) a prompt that starts with it keeps it in the cache
+        from this model's last generation, so only the rest of the prompt is fed."""
+        keep = self._keep_prefix
+        if (
+            keep
+            and self.lm.owner is self
+            and self.use_cache
+            and self._tokens[: len(keep)] == keep
+            and list(prompt_ids[: len(keep)]) == keep
+        ):
+            self.crop(len(keep))
+            return list(prompt_ids)
         self.lm.owner = self
         # Metadata only: freed cells are masked out of attention, so zeroing the whole KV buffer on
         # every prompt would cost a memset of the cache and change nothing.
@@ -227,6 +241,29 @@ class LlamaCppModel:
                 f"another decoder started a generation on llama.cpp model '{self.lm.spec.name}' since this "
                 "one's start(): load the model once per decoder that runs at the same time"
             )
+
+
+class _PrefixKeeping:
+    """A llama.cpp LM whose models keep `prefix` cached between generations (see `keep_prefix`)."""
+
+    def __init__(self, lm: LlamaCppLM, prefix: list[int]) -> None:
+        self._lm = lm
+        self._prefix = list(prefix)
+
+    def __getattr__(self, name: str):
+        return getattr(self._lm, name)
+
+    def cached_model(self, use_cache: bool = True) -> LlamaCppModel:
+        return LlamaCppModel(self._lm, use_cache, keep_prefix=self._prefix)
+
+
+def keep_prefix(lm: LlamaCppLM, prefix: list[int]):
+    """The same model, whose decoders feed `prefix` once and keep it for every later generation that
+    starts with it (thousands of 2-token samples of one prompt in `draftlab audit`).
+
+    Not for timing: a kept prefix is a prefill not paid, which the bench must not hide.
+    """
+    return _PrefixKeeping(lm, prefix)
 
 
 def is_llamacpp_source(name: str) -> bool:

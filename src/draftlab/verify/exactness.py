@@ -64,6 +64,8 @@ def next_token_logits(
     Straight through the model (transformers' own cache, batched over `firsts`), sharing no code
     with the decode loop's cache handling.
     """
+    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+        return _llamacpp_next_token_logits(lm, prompt_ids, firsts)
     model = lm.model
     device = lm.device
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -96,6 +98,23 @@ def next_token_logits(
         out = model(input_ids=ids, past_key_values=expanded, use_cache=True)
         rows.append(out.logits[:, -1].float())
     return first, torch.cat(rows) if rows else torch.empty(0)
+
+
+def _llamacpp_next_token_logits(
+    lm, prompt_ids: list[int], firsts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same for a GGUF run by llama.cpp: one pass over the prompt, then one 1-token pass per
+    first token a, each after removing the last from the cache (llama.cpp's own rollback)."""
+    from draftlab.models.cached import cached  # noqa: PLC0415
+
+    runner = cached(lm)
+    runner.start(list(prompt_ids))
+    first = runner.forward(list(prompt_ids), keep=1)[-1]
+    rows = []
+    for a in firsts:
+        runner.crop(len(prompt_ids))
+        rows.append(runner.forward([a], keep=1)[-1])
+    return first, torch.stack(rows) if rows else torch.empty(0)
 
 
 @dataclass
@@ -249,11 +268,15 @@ def reuse_prefix(lm: LoadedModel, prompt_ids: list[int]) -> LoadedModel:
     """The same model, computing the KV cache of `prompt_ids[:-1]` once for every generation after it.
 
     A decoder-only model's first pass of each generation then runs only the prompt's last token and
-    what follows it. Encoder-decoder models and models without a `DynamicCache` are returned as
-    they are (every generation then runs in full).
+    what follows it; a llama.cpp model keeps the prefix in its own cache instead. Encoder-decoder
+    models are returned as they are (every generation then runs in full).
     """
     if lm.is_encoder_decoder or len(prompt_ids) < 2:
         return lm
+    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+        from draftlab.models.llamacpp import keep_prefix  # noqa: PLC0415
+
+        return keep_prefix(lm, prompt_ids[:-1])
     return dataclasses.replace(lm, model=_PrefixReuse(lm.model, prompt_ids[:-1]))
 
 
