@@ -509,3 +509,55 @@ def test_kept_prefix_is_fed_once_and_changes_nothing(target, prompts, config):
     other.forward(prompts[0][:8])
     keeping.start(prompt)
     assert keeping.length == 0
+
+
+def test_export_gguf_round_trips_the_shipped_draft(tmp_path, gguf, capsys):
+    """`draftlab models export-gguf`: the shipped draft as a float32 GGUF holds its weights exactly
+    (read back by transformers' own GGUF loader, which undoes the rotary row order), and llama.cpp
+    loads it with the target's vocabulary and agrees with the transformers model on every position."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "draft-f32.gguf"
+    assert main(["models", "export-gguf", DRAFT, "--out", str(out), "--outtype", "f32"]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert f"wrote {out}" in err
+    hf = load_model(ModelSpec(DRAFT, dtype="float32")).model.state_dict()
+    back = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=out.name, dtype=torch.float32
+    ).state_dict()
+    assert set(hf) == set(back)
+    for name, weight in hf.items():
+        assert torch.equal(weight, back[name]), name
+    if HAVE_LLAMA_CPP:
+        assert "loaded back by llama.cpp (all F32): top-1 agreement 1.000" in err
+
+
+@needs_llama_cpp
+def test_exported_gguf_draft_drives_sps_on_llamacpp(tmp_path, one_thread, prompts, capsys):
+    out = tmp_path / "draft.gguf"
+    assert main(["models", "export-gguf", DRAFT, "--out", str(out)]) == 0  # f16, the default
+    assert "(F16): top-1 agreement 1.000" in " ".join(capsys.readouterr().err.split())
+    from draftlab.models.llamacpp import load_llamacpp
+
+    draft = load_llamacpp(str(out), tokenizer=one_thread.tokenizer, n_threads=1)
+    assert draft.spec.dtype == "F16"
+    ar = build_decoder(DecoderConfig(method="ar"), one_thread)
+    accepted = 0
+    for ids in prompts:
+        want = ar.generate(ids, NEW_TOKENS, SamplingParams()).tokens
+        out_sps = build_decoder(DecoderConfig(method="sps"), one_thread, draft).generate(
+            ids, NEW_TOKENS, SamplingParams()
+        )
+        assert out_sps.tokens == want
+        accepted += out_sps.stats.accepted
+    assert accepted > 0
+
+
+def test_export_gguf_bad_input_is_one_line(capsys, tmp_path, tiny_pair, gguf):
+    out = str(tmp_path / "x.gguf")
+    check_error(capsys, ["models", "export-gguf", DRAFT, "--out", out, "--outtype", "q4"], "--outtype", "q4")
+    check_error(capsys, ["models", "export-gguf", DRAFT, "--out", str(tmp_path)], str(tmp_path), "folder")
+    gpt2 = str(tiny_pair["gpt2"][1])
+    check_error(capsys, ["models", "export-gguf", gpt2, "--out", out], "Llama-architecture", "gpt2")
+    missing = str(tmp_path / "none.gguf")
+    check_error(capsys, ["models", "export-gguf", DRAFT, "--out", out, "--reference", missing], "none.gguf")

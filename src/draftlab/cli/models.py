@@ -1,4 +1,4 @@
-"""`draftlab models list|fetch`: the offline model registry."""
+"""`draftlab models list|fetch|export-gguf`: the offline model registry, and GGUF files for llama.cpp."""
 
 from __future__ import annotations
 
@@ -28,6 +28,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     fetch.add_argument("--force", action="store_true", help="re-convert even when the cache is valid")
     fetch.set_defaults(func=run_fetch)
+    export = sub.add_parser(
+        "export-gguf",
+        help="write a transformers Llama model (e.g. the shipped draft) as a GGUF for --engine llamacpp",
+        description="The tokenizer comes from a reference GGUF with the same vocabulary (default: the "
+        "default target's own). With llama-cpp-python installed, the file is loaded back by llama.cpp and "
+        "its logits compared with the transformers model's.",
+    )
+    export.add_argument(
+        "name", metavar="NAME", help="registry name, folder or hub id (a Llama-architecture model)"
+    )
+    export.add_argument("--out", required=True, help="the .gguf file to write")
+    export.add_argument("--outtype", default="f16", help="f32, f16 (default) or q8_0 for the matrices")
+    export.add_argument(
+        "--reference", default=None, help="GGUF whose tokenizer to copy (default: the default target's)"
+    )
+    export.set_defaults(func=run_export)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -110,3 +126,79 @@ def _fetch_gguf(entry: catalogue.RegistryEntry, console: Console, force: bool) -
         f"bf16 rounding vs GGUF float32: {ver.get('bf16_rounding_max_abs_diff', float('nan')):.3g})",
         highlight=False,
     )
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from draftlab.cli.common import DEFAULT_TARGET  # noqa: PLC0415
+    from draftlab.models.gguf_export import OUTTYPES, export_gguf  # noqa: PLC0415
+    from draftlab.models.loading import ModelSpec, load_model  # noqa: PLC0415
+
+    if args.outtype not in OUTTYPES:
+        raise DraftlabError(f"--outtype must be one of {', '.join(OUTTYPES)}, got '{args.outtype}'")
+    out = Path(args.out)
+    if out.is_dir():
+        raise DraftlabError(f"--out '{out}' is a folder; give a .gguf file name")
+    reference = Path(args.reference) if args.reference else install.gguf_path(catalogue.get(DEFAULT_TARGET))
+    if reference is None or not reference.is_file():
+        raise DraftlabError(
+            f"reference GGUF '{args.reference or DEFAULT_TARGET}' not found"
+            + (
+                ""
+                if args.reference
+                else f": run `draftlab models fetch {DEFAULT_TARGET}` or pass --reference"
+            )
+        )
+    console = Console(stderr=True)
+    lm = load_model(ModelSpec(args.name, dtype="float32"))
+    t0 = time.perf_counter()
+    info = export_gguf(lm, out, reference, args.outtype)
+    console.print(
+        f"wrote {info.path}: {info.tensors} tensors, {info.parameters / 1e6:.1f}M parameters, "
+        f"{info.bytes / 2**20:.1f} MiB, {args.outtype}, in {time.perf_counter() - t0:.1f} s"
+    )
+    check = _check_export(lm, info.path)
+    if check is None:
+        console.print(
+            "[yellow]not loaded back: llama-cpp-python is not installed (scripts/install-llamacpp.sh)[/]"
+        )
+    else:
+        console.print(
+            f"loaded back by llama.cpp ({check['file_type']}): top-1 agreement {check['top1']:.3f} with the "
+            f"transformers model over {check['positions']} positions, largest logit difference "
+            f"{check['max_abs_diff']:.3g}"
+        )
+    return 0
+
+
+def _check_export(lm, path: str) -> dict | None:
+    """llama.cpp's logits for the file against the transformers model's, on the conversion prompts."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    import torch  # noqa: PLC0415
+
+    from draftlab.models.cached import cached  # noqa: PLC0415
+    from draftlab.models.gguf import verification_prompts  # noqa: PLC0415
+    from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
+
+    gguf = load_llamacpp(path, tokenizer=lm.tokenizer)  # checks the vocabulary token by token
+    runner = cached(gguf)
+    agree = positions = 0
+    worst = 0.0
+    for ids in verification_prompts(lm.tokenizer):
+        with torch.inference_mode():
+            want = lm.model(input_ids=torch.tensor([ids])).logits[0].float()
+        runner.start(ids)
+        got = runner.forward(ids)
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        positions += len(ids)
+        worst = max(worst, float((got - want).abs().max()))
+    return {
+        "file_type": gguf.spec.dtype,
+        "top1": agree / positions,
+        "positions": positions,
+        "max_abs_diff": worst,
+    }
