@@ -366,6 +366,10 @@ def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target, 
     assert f"| best plain decoding | {fastest} (" in head
     run = json.loads((out / "run.json").read_text())
     assert run["extra"]["llamacpp"]["quantization"] == target.spec.dtype
+    # Each engine's plain decoding against the bandwidth limit of its own weights (Q4_1 < float32).
+    weights = run["extra"]["bandwidth"]["weight_bytes"]
+    assert set(weights) == {"ar", "ar@llamacpp"} and weights["ar@llamacpp"] < weights["ar"] / 4
+    assert "| bandwidth limit | memory read " in head
 
 
 def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
@@ -454,6 +458,8 @@ def test_profile_measures_llamacpp(capsys, target, tmp_path, own_profiles):
     assert result["engine"] == "llamacpp" and list(result["profiles"]) == ["target/Q4_1"]
     assert result["profiles"]["target/Q4_1"]["curve"]["ms"][0][0] == pytest.approx(10.0)
     assert load_cached(target).curve.ms[0][0] == pytest.approx(10.0)
+    limit = result["bandwidth_limit"]["target/Q4_1"]
+    assert limit["ratio"] == pytest.approx(10.0 / limit["limit_ms"]) and limit["weight_bytes"] > 50e6
 
 
 @needs_llama_cpp
@@ -561,3 +567,35 @@ def test_export_gguf_bad_input_is_one_line(capsys, tmp_path, tiny_pair, gguf):
     check_error(capsys, ["models", "export-gguf", gpt2, "--out", out], "Llama-architecture", "gpt2")
     missing = str(tmp_path / "none.gguf")
     check_error(capsys, ["models", "export-gguf", DRAFT, "--out", out, "--reference", missing], "none.gguf")
+
+
+@needs_llama_cpp
+def test_llamacpp_own_prompt_lookup_is_a_peer(tmp_path, target, capsys):
+    """`llamacpp-pld`: llama-cpp-python's own speculative path, run and reported like every method;
+    greedy, it writes llama.cpp ar's tokens (its acceptance is exact by construction)."""
+    out = tmp_path / "peer"
+    argv = [
+        "bench",
+        "--engines",
+        "llamacpp",
+        "--methods",
+        "ar,llamacpp-pld",
+        "--subtasks",
+        "grammar correction",
+    ]
+    argv += ["--limit", "1", "--max-new-tokens", "24", "--warmup", "0", "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    rows = {r["label"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    peer = rows["llamacpp-pld@llamacpp"]
+    assert peer["tokens"] == rows["ar@llamacpp"]["tokens"] and peer["greedy_match"] is True
+    assert peer["rounds"] == peer["target_calls"] > 0 and peer["drafted"] > 0
+    assert peer["new_tokens"] == peer["rounds"] + peer["accepted"]
+    # Sampling: the seed decides, through llama.cpp's own sampler.
+    from draftlab.decode.llamacpp_native import LlamaCppLookupDecoder
+
+    decoder = LlamaCppLookupDecoder(target, 3, 10)
+    ids = target.tokenizer("Once upon a time")["input_ids"]
+    params = SamplingParams(temperature=1.0, seed=7)
+    assert decoder.generate(ids, 12, params).tokens == decoder.generate(ids, 12, params).tokens
+    capsys.readouterr()
+    check_error(capsys, ["generate", "--method", "llamacpp-pld", "x"], "llamacpp-pld", "runs on: llamacpp")

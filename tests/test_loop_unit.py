@@ -490,14 +490,15 @@ def test_a_tree_budget_keeps_the_best_nodes_and_the_accepted_path():
 
 def test_no_tree_support_falls_back_to_chains():
     sizer = TreeSizer.__new__(TreeSizer)
-    dec = SpeculativeDecoder(
-        FakeTarget(trees=False), TreeProposer(), SpeculativeRule(), sizer=sizer, tree_budget=3
-    )
+    dec = SpeculativeDecoder(FakeTarget(trees=False), TreeProposer(), SpeculativeRule(), tree_budget=3)
     assert not dec.trees and dec.tree_budget is None and dec.sizer is None
     assert dec.tree_fallback == "the target cannot verify token trees (no 4D-mask support): chains"
     out = dec.generate([5], 3, GREEDY)
     assert out.tokens == chain(5, 3)
     assert out.stats.tree_fallback == dec.tree_fallback
+    # A tree sizer stays: it cuts the best chain to what pays (tests/test_llamacpp.py runs it).
+    dec = SpeculativeDecoder(FakeTarget(trees=False), TreeProposer(), SpeculativeRule(), sizer=sizer)
+    assert not dec.trees and dec.sizer is sizer
     # The supporting target keeps all three.
     dec = SpeculativeDecoder(FakeTarget(), TreeProposer(), SpeculativeRule(), sizer=sizer, tree_budget=3)
     assert dec.trees and dec.tree_budget == 3 and dec.sizer is sizer and dec.tree_fallback is None

@@ -43,6 +43,9 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     engine_row = best_engine_line(summary)
     if engine_row:
         rows.append(("best plain decoding", engine_row))
+    limit_row = bandwidth_line(summary)
+    if limit_row:
+        rows.append(("bandwidth limit", limit_row))
     return rows
 
 
@@ -103,6 +106,30 @@ def best_engine_line(summary: dict) -> str | None:
         if label != best
     ]
     return f"{best} ({engine_of(best)}), {plain[best]['tokens_per_s']:.2f} tok/s: " + ", ".join(others)
+
+
+def bandwidth_line(summary: dict) -> str | None:
+    """Each plain decoding's decode ms per token against the least a step can take here: every
+    weight read once at the measured memory bandwidth."""
+    extra = summary["run"].get("extra") or {}
+    bandwidth = extra.get("bandwidth")
+    if not bandwidth:
+        return None
+    parts = []
+    for label, weights in bandwidth["weight_bytes"].items():
+        m = summary["overall"].get(label)
+        if not m or not m.get("decode_tokens_per_s"):
+            continue
+        limit = weights / (bandwidth["gb_per_s"] * 1e9) * 1000
+        ms = 1000 / m["decode_tokens_per_s"]
+        parts.append(
+            f"{label} {ms:.1f} ms/token = {ms / limit:.1f}× its limit {limit:.1f} ms ({weights / 1e6:.0f} MB)"
+        )
+    if not parts:
+        return None
+    return f"memory read {bandwidth['gb_per_s']:.1f} GB/s ({bandwidth['threads']} threads): " + "; ".join(
+        parts
+    )
 
 
 def _dtype(run: dict, choice: dict | None) -> str:

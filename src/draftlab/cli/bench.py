@@ -94,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
     examples = suite_examples(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
     hf = "hf" in engines
-    # llama.cpp's sps drafts with the transformers draft, so it needs the draft's weights as hf does.
-    weights = hf or "llamacpp" in engines
-    target, draft = load_pair(args, needs_draft) if weights else load_shells(args, needs_draft)
+    if hf:
+        target, draft = load_pair(args, needs_draft)
+    else:  # vLLM or llama.cpp hold the target's weights: only its tokenizer and config are read here
+        target, draft = load_shells(args, needs_draft)
+        if draft is not None and "llamacpp" in engines:
+            draft = load_spec(draft.spec)  # llama.cpp's sps drafts with the transformers draft
     for config in configs.values():
         check_fits(config, target)
     # Before profiling: a draft too short for these prompts is refused now, not mid-run.
@@ -141,9 +144,21 @@ def run(args: argparse.Namespace) -> int:
             if not args.vllm_alive or args.vllm_alive >= len(more)
             else f"blocks of {args.vllm_block}"
         )
+    if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
+        extra["bandwidth"] = bandwidth_record(variants)
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
     with closing(pool):
         return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
+
+
+def bandwidth_record(variants: list[Variant]) -> dict:
+    """The machine's memory read bandwidth and the weight bytes each plain decoding reads per step."""
+    from draftlab.models.bandwidth import cached_bandwidth, weight_bytes  # noqa: PLC0415
+    from draftlab.models.profile import fingerprint_key, hardware, profile_dir  # noqa: PLC0415
+
+    measured = cached_bandwidth(profile_dir(), fingerprint_key(hardware("cpu")))
+    plain = {v.label: weight_bytes(v.target) for v in variants if not v.config.spec.speculative}
+    return {**dataclasses.asdict(measured), "weight_bytes": plain}
 
 
 def default_methods(args: argparse.Namespace) -> str:

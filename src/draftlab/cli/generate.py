@@ -19,6 +19,7 @@ from draftlab.cli.common import (
     load_pair,
     sampling_from,
 )
+from draftlab.cli.engines import check_methods
 from draftlab.decode.methods import METHODS, build_decoder, check_fits
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import check_context
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     config = decoder_config(args, args.method)
     params = sampling_from(args)
     llamacpp = args.engine == "llamacpp"
+    check_methods([args.method], [args.engine])
     if llamacpp:
         llamacpp_engine.check_method(args.method)
         target, draft = llamacpp_engine.load_pair(args, config.needs_draft)

@@ -50,9 +50,10 @@ def installed() -> bool:
 
 
 def check_method(method: str) -> None:
-    """Methods decoded by transformers' generate() need a transformers target; the rest run anywhere."""
+    """Methods decoded by transformers' generate() or vLLM need their engine; the rest of our loop and
+    llama.cpp's own decoding run here."""
     spec = method_spec(method)
-    if spec.external or not spec.hf:
+    if "llamacpp" not in spec.engines:
         raise DraftlabError(
             f"method '{method}' is not available on engine llamacpp (it is decoded by "
             f"{'vLLM' if not spec.hf else 'transformers generate()'}, not by draftlab's loop)"

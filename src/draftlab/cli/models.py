@@ -150,7 +150,7 @@ def run_export(args: argparse.Namespace) -> int:
                 else f": run `draftlab models fetch {DEFAULT_TARGET}` or pass --reference"
             )
         )
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # paths stay whole
     lm = load_model(ModelSpec(args.name, dtype="float32"))
     t0 = time.perf_counter()
     info = export_gguf(lm, out, reference, args.outtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -15,12 +16,15 @@ from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, l
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
+from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.loading import ModelSpec
 from draftlab.models.profile import (
     Profile,
+    fingerprint_key,
     hardware,
     load_or_measure,
     pick_dtype,
+    profile_dir,
     supported_dtypes,
     verify_slope,
 )
@@ -98,7 +102,14 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
     if out_dir.exists() and not out_dir.is_dir():
         raise DraftlabError(f"--out '{out_dir}' is a file, not a folder")
-    results: dict = {"hardware": hw, "profiles": {}}
+    results: dict = {"hardware": hw, "profiles": {}, "bandwidth_limit": {}}
+    bandwidth = cached_bandwidth(profile_dir(), fingerprint_key(hw)) if device == "cpu" else None
+    if bandwidth is not None:
+        results["bandwidth"] = dataclasses.asdict(bandwidth)
+        console.print(
+            f"memory read bandwidth {bandwidth.gb_per_s:.1f} GB/s (torch sum over {bandwidth.buffer_bytes >> 20} MiB, "
+            f"{bandwidth.threads} threads)"
+        )
     curves = {}
     for dtype, models in _settings(args, target_name, draft_name, dtypes, device):
         profiles: dict[str, Profile] = {}
@@ -113,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
             profiles[role] = profile
             results["profiles"][f"{role}/{lm.spec.dtype}"] = json.loads(profile.to_json())
+            if device == "cpu":
+                results["bandwidth_limit"][f"{role}/{lm.spec.dtype}"] = _limit(
+                    console, lm, profile, bandwidth
+                )
         curves[dtype] = profiles["target"].curve
         console.print(_break_even_table(args.context, profiles["target"], profiles.get("draft")))
     if args.engine == "llamacpp":
@@ -136,6 +151,18 @@ def run(args: argparse.Namespace) -> int:
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
+
+
+def _limit(console: Console, lm, profile: Profile, bandwidth) -> dict:
+    """A plain step reads every weight once: the least it can take here, against the measured one."""
+    weights = weight_bytes(lm)
+    least = limit_ms(weights, bandwidth)
+    step = profile.curve.ms[0][0]  # N = 1 at the shortest context
+    console.print(
+        f"{lm.spec.name} ({lm.spec.dtype}) reads {weights / 1e6:.0f} MB a step: at least {least:.2f} ms; a 1-token "
+        f"pass at context {profile.curve.contexts[0]} takes {step:.2f} ms = {step / least:.1f}× that limit"
+    )
+    return {"weight_bytes": weights, "limit_ms": least, "step_ms": step, "ratio": step / least}
 
 
 def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None, dtypes, device):

@@ -119,9 +119,12 @@ class MethodSpec:
     # The vllm engine's counterpart: None (none), "" (plain decoding) or its speculative method.
     vllm: str | None = None
     hf: bool = True  # False: runs on the vllm engine only (a trained head that vLLM loads)
+    llamacpp_only: bool = False  # llama.cpp's own decoding (llama-cpp-python's generate), a peer
 
     @property
     def engines(self) -> tuple[str, ...]:
+        if self.llamacpp_only:
+            return ("llamacpp",)
         # llama.cpp runs our own loop over its model, so every method of that loop but those decoded
         # by transformers' generate() (and token trees fall back to chains there).
         ours = ("hf", "llamacpp") if not (self.external or self.needs_head) else ("hf",)
@@ -357,10 +360,19 @@ def _build_hf_assisted(config, target, draft, cost):
     return HFGenerateDecoder(target, draft, config.gamma, config.draft_confidence)
 
 
+def _build_llamacpp_pld(config, target, draft, cost):
+    """llama.cpp's own prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding)"""
+    from draftlab.decode.llamacpp_native import LlamaCppLookupDecoder
+
+    if getattr(target.spec, "engine", "hf") != "llamacpp":
+        raise DraftlabError(f"method '{config.method}' is llama.cpp's own decoding: use --engine llamacpp")
+    return LlamaCppLookupDecoder(target, config.max_ngram, config.pld_tokens)
+
+
 # The methods, one row each: name, the seed reports' name, builder (its docstring is the summary),
 # flags (draft: needs a draft model; head: an EAGLE-3 head, passed where a draft goes; plain: a baseline, one target token per pass; sized: rounds
 # sized from the cost curve; tree: token trees; lossy: not lossless by design; external: another
-# library's decoder, not our loop), the settings it reads (the first reported as γ), and its
+# library's decoder, not our loop; llamacpp: llama.cpp's own, on that engine only), the settings it reads (the first reported as γ), and its
 # vllm engine counterpart (None: none; "": plain decoding; else vLLM's speculative method).
 _TABLE = (
     ("ar", "AS", _build_ar, "plain", (), ""),
@@ -389,6 +401,7 @@ _TABLE = (
     ("eagle-tree", "EAGLE-Tree", _build_eagle_tree, "head sized tree", ("gamma", "tree_width"), None),
     ("hf-greedy", "HF", _build_hf_greedy, "plain external", (), None),
     ("hf-assisted", "HF-AG", _build_hf_assisted, "draft external", ("gamma", "draft_confidence"), None),
+    ("llamacpp-pld", "LCPP-PLD", _build_llamacpp_pld, "external llamacpp", ("pld_tokens", "max_ngram"), None),
     # Trained heads that vLLM loads from --speculator (eagle3: the same heads as `eagle`, on vLLM only).
     ("eagle1", "EAGLE-1", _vllm_only, "external", ("gamma",), "eagle"),
     ("eagle3", "EAGLE-3", _vllm_only, "external", ("gamma",), "eagle3"),
@@ -399,7 +412,16 @@ _TABLE = (
 def _spec(
     name: str, seed: str, build: Builder, flags: str, params: tuple[str, ...], vllm: str | None
 ) -> MethodSpec:
-    unknown = set(flags.split()) - {"draft", "head", "plain", "sized", "tree", "lossy", "external"}
+    unknown = set(flags.split()) - {
+        "draft",
+        "head",
+        "plain",
+        "sized",
+        "tree",
+        "lossy",
+        "external",
+        "llamacpp",
+    }
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
     return MethodSpec(
@@ -418,6 +440,7 @@ def _spec(
         external="external" in flags,
         vllm=vllm,
         hf=build is not _vllm_only,
+        llamacpp_only="llamacpp" in flags,
     )
 
 
