@@ -52,7 +52,7 @@ if ! wait "$llamacpp_build"; then
 fi
 tail -n 1 .ci-logs/build-llamacpp.log
 pip install -q --find-links .ci-logs/wheels llama-cpp-python==0.3.36
-DRAFTLAB_REQUIRE_LLAMACPP=1 python -m pytest -q -p no:xdist tests/test_llamacpp.py
+DRAFTLAB_REQUIRE_LLAMACPP=1 python -m pytest -q -n 2 tests/test_llamacpp.py
 
 echo "== vLLM environment"
 if ! wait "$vllm_install"; then
