@@ -14,6 +14,7 @@ import torch
 from tiny import make_model
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
+from draftlab.cli import main
 from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.decode.methods import DecoderConfig, build_decoder
 from draftlab.distill.eagle_train import step_masks, ttt_forward
@@ -246,3 +247,18 @@ def test_a_resumed_run_redoes_the_steps_past_its_checkpoint_in_the_log(tmp_path)
     log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))
     _trim_log(log, 5)  # stopped at step 7, checkpointed at 5
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_profile_prices_a_head_beside_its_target(llama, tmp_path, capsys, monkeypatch):
+    """`draftlab profile --head`: the head's own cost curve, and the break-even α of drafting with it."""
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    target, _, root = llama
+    out = tmp_path / "prof"
+    argv = ["profile", "--target", target.spec.name, "--head", str(root / "head"), "--dtype", "float32"]
+    assert main([*argv, "--repeats", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "eagle (head passes)" in printed and "head " in printed
+    data = json.loads((out / "profile.json").read_text())
+    assert {"target/float32", "head/float32"} == set(data["profiles"])
+    head = data["profiles"]["head/float32"]["curve"]
+    assert all(ms > 0 for row in head["ms"] for ms in row)

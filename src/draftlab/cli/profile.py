@@ -62,22 +62,27 @@ def _table(title: str, profile: Profile) -> Table:
     return table
 
 
-def _break_even_table(context: int, target: Profile, draft: Profile | None) -> Table:
+def _break_even_table(
+    context: int, target: Profile, draft: Profile | None, head: Profile | None = None
+) -> Table:
     table = Table(
         title=f"Break-even acceptance α at context {context}: above it, speculation beats plain decoding"
     )
     table.add_column("k", justify="right")
     table.add_column("verify(k+1) / verify(1)", justify="right")
     table.add_column("pld (free drafts)", justify="right")
-    if draft is not None:
-        table.add_column("sps (draft passes)", justify="right")
+    seconds = [
+        (label, CostModel(target.curve, p.curve))
+        for label, p in (("sps (draft passes)", draft), ("eagle (head passes)", head))
+        if p is not None
+    ]
+    for label, _ in seconds:
+        table.add_column(label, justify="right")
     free = CostModel(target.curve)
-    with_draft = CostModel(target.curve, draft.curve) if draft else None
     for k in BREAK_EVEN_KS:
         ratio = free.verify_ms(k + 1, context) / free.verify_ms(1, context)
         cells = [str(k), f"{ratio:.2f}", _alpha(break_even_alpha(free, k, context))]
-        if with_draft is not None:
-            cells.append(_alpha(break_even_alpha(with_draft, k, context)))
+        cells += [_alpha(break_even_alpha(cost, k, context)) for _, cost in seconds]
         table.add_row(*cells)
     table.caption = "i.i.d. acceptance per token (Leviathan et al.); '-': never pays at this k"
     return table
@@ -129,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
                     console, lm, profile, bandwidth
                 )
         curves[dtype] = profiles["target"].curve
-        console.print(_break_even_table(args.context, profiles["target"], profiles.get("draft")))
+        console.print(
+            _break_even_table(args.context, profiles["target"], profiles.get("draft"), profiles.get("head"))
+        )
     if args.engine == "llamacpp":
         results["engine"] = "llamacpp"
     else:
@@ -175,10 +182,14 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
         return
     for dtype in dtypes:
         names = [("target", target_name)] + ([("draft", draft_name)] if draft_name else [])
-        yield (
-            dtype,
-            [(role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names],
-        )
+        models = [
+            (role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names
+        ]
+        if args.head is not None:  # an EAGLE-3 head beside its target, in the target's dtype
+            from draftlab.models.eagle_io import load_head_lm  # noqa: PLC0415
+
+            models.append(("head", load_head_lm(args.head, models[0][1])))
+        yield dtype, models
 
 
 def _plot(results: dict, path: Path) -> None:
