@@ -43,6 +43,7 @@ from draftlab.cli.console import report_console
 from draftlab.decode.methods import DecoderConfig, build_decoder, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import cached
+from draftlab.models.llamacpp import runs_on_llamacpp
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import hardware
 from draftlab.models.prompting import encode_prompt
@@ -165,7 +166,7 @@ def _logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float 
     """logit(a) - logit(b) where ar wrote a and the method b: how near a tie the choice was."""
     if b is None:
         return None
-    if _on_llamacpp(lm):
+    if runs_on_llamacpp(lm):
         runner = cached(lm)
         runner.start(ids)
         logits = runner.forward(ids, keep=1)[-1]
@@ -175,16 +176,12 @@ def _logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float 
     return float(logits[a] - logits[b])
 
 
-def _on_llamacpp(lm) -> bool:
-    return getattr(lm.spec, "engine", "hf") == "llamacpp"
-
-
 class Audit:
     def __init__(self, args: argparse.Namespace, bar: _Bar) -> None:
         self.args = args
         self.bar = bar
-        self.float32: tuple[LoadedModel, LoadedModel | None] | None = None
-        self.ar32: dict[int, list[int]] = {}
+        self.rechecked: tuple[LoadedModel, LoadedModel | None] | None = None
+        self.ar_rechecked: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------------ greedy
 
@@ -192,17 +189,17 @@ class Audit:
         configs = {m: decoder_config(self.args, m) for m in ["ar", *methods]}
         return {m: build_decoder(c, target, draft, cost if c.adaptive else None) for m, c in configs.items()}
 
-    def float32_pair(self, target: LoadedModel, draft: LoadedModel | None):
+    def recheck_pair(self, target: LoadedModel, draft: LoadedModel | None):
         """The pair a difference is rerun on: float32 copies, or on llama.cpp one-thread copies (there
         every pass size takes the same kernels; the GGUF's quantization cannot change)."""
-        if self.float32 is None:
-            self.float32 = (_recheck_copy(target), _recheck_copy(draft) if draft is not None else None)
-        return self.float32
+        if self.rechecked is None:
+            self.rechecked = (_recheck_copy(target), _recheck_copy(draft) if draft is not None else None)
+        return self.rechecked
 
     @staticmethod
     def recheck_key(target, draft) -> str | None:
         """The record key of the rerun this pair gets on a difference, or None (nothing to rerun)."""
-        if _on_llamacpp(target):
+        if runs_on_llamacpp(target):
             return "one_thread"
         low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
         return "float32" if low else None
@@ -237,27 +234,27 @@ class Audit:
                     recheck or "float32": None,
                 }
                 if recheck and audit.lossless_claim:
-                    record[recheck] = self.recheck_float32(audit.method, i, ids, target, draft)
+                    record[recheck] = self.recheck(audit.method, i, ids, target, draft)
                 audit.divergences.append(record)
 
-    def recheck_float32(self, method: str, i: int, ids: list[int], target, draft) -> str:
+    def recheck(self, method: str, i: int, ids: list[int], target, draft) -> str:
         args = self.args
-        t32, d32 = self.float32_pair(target, draft)
-        self.bar.add(2 if i not in self.ar32 else 1)
-        how = "one-thread" if _on_llamacpp(target) else "float32"
+        t32, d32 = self.recheck_pair(target, draft)
+        self.bar.add(2 if i not in self.ar_rechecked else 1)
+        how = "one-thread" if runs_on_llamacpp(target) else "float32"
         self.bar.say(f"greedy · prompt {i + 1} · {how} recheck · {method}")
-        if i not in self.ar32:
+        if i not in self.ar_rechecked:
             ar = build_decoder(decoder_config(args, "ar"), t32)
-            self.ar32[i] = ar.generate(ids, args.max_new_tokens, GREEDY).tokens
+            self.ar_rechecked[i] = ar.generate(ids, args.max_new_tokens, GREEDY).tokens
             self.bar.step()
         config = decoder_config(args, method)
         # On one llama.cpp thread every pass size rounds alike, so how rounds are sized cannot matter
         # there, and fixed k spares profiling the copy.
-        sized = config.adaptive and not _on_llamacpp(t32)
+        sized = config.adaptive and not runs_on_llamacpp(t32)
         cost = cost_model(args, t32, d32 if config.needs_draft else None) if sized else None
         tokens = build_decoder(config, t32, d32, cost).generate(ids, args.max_new_tokens, GREEDY).tokens
         self.bar.step()
-        return "matches" if tokens == self.ar32[i] else "diverges"
+        return "matches" if tokens == self.ar_rechecked[i] else "diverges"
 
     # ------------------------------------------------------------------ sampling
 
@@ -298,7 +295,7 @@ class Audit:
                 result = self.sample(config, target, draft, ids, law, f"{where} · {audit.method}")
                 result.update(prefix=j + 1, cells=law.degrees_of_freedom + 1, law_cells=len(law.cells))
                 if recheck and audit.lossless_claim and result["p_value"] < alpha_per_test:
-                    t32, d32 = self.float32_pair(target, draft)
+                    t32, d32 = self.recheck_pair(target, draft)
                     law32 = two_token_law(t32, ids, self.params, args.samples)
                     self.bar.add(args.samples)
                     again = self.sample(config, t32, d32, ids, law32, f"{where} · {audit.method} · {recheck}")
@@ -420,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _recheck_copy(lm):
-    if _on_llamacpp(lm):
+    if runs_on_llamacpp(lm):
         from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
 
         return load_llamacpp(lm.spec.name, tokenizer=lm.tokenizer, n_ctx=lm.context_length, n_threads=1)
@@ -429,7 +426,7 @@ def _recheck_copy(lm):
 
 def _versions(target) -> dict:
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    if _on_llamacpp(target):
+    if runs_on_llamacpp(target):
         import llama_cpp  # noqa: PLC0415
 
         versions["llama_cpp"] = llama_cpp.__version__

@@ -17,6 +17,7 @@ from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
+from draftlab.models.llamacpp import runs_on_llamacpp
 from draftlab.models.loading import ModelSpec
 from draftlab.models.profile import (
     Profile,
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                     lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
                 )
             source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-            engine = " · llama.cpp" if getattr(lm.spec, "engine", "hf") == "llamacpp" else ""
+            engine = " · llama.cpp" if runs_on_llamacpp(lm) else ""
             console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
             profiles[role] = profile
             results["profiles"][f"{role}/{lm.spec.dtype}"] = json.loads(profile.to_json())

@@ -48,18 +48,19 @@ class LlamaCppLookupDecoder:
     def __init__(self, lm, max_ngram: int, num_pred_tokens: int) -> None:
         import llama_cpp  # noqa: PLC0415
 
+        from draftlab.models.llamacpp import open_llama  # noqa: PLC0415
+
         self.lm = lm
         self.counted = _Counted()
         lookup = _lookup_class()(self.counted, max_ngram, num_pred_tokens)
-        self.llm = llama_cpp.Llama(
-            model_path=lm.path,
-            n_ctx=lm.context_length,
-            n_threads=lm.threads,
-            n_threads_batch=lm.threads,
-            flash_attn=True,  # as draftlab's llama.cpp model runs it (models/llamacpp.py)
+        self.llm = open_llama(
+            llama_cpp,
+            lm.path,
+            lm.spec.name,
+            lm.context_length,
+            lm.threads,
             logits_all=True,
             draft_model=lookup,
-            verbose=False,
         )
         evaluate = self.llm.eval
 

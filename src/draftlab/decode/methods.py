@@ -363,8 +363,9 @@ def _build_hf_assisted(config, target, draft, cost):
 def _build_llamacpp_pld(config, target, draft, cost):
     """llama.cpp's own prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding)"""
     from draftlab.decode.llamacpp_native import LlamaCppLookupDecoder
+    from draftlab.models.llamacpp import runs_on_llamacpp
 
-    if getattr(target.spec, "engine", "hf") != "llamacpp":
+    if not runs_on_llamacpp(target):
         raise DraftlabError(f"method '{config.method}' is llama.cpp's own decoding: use --engine llamacpp")
     return LlamaCppLookupDecoder(target, config.max_ngram, config.pld_tokens)
 

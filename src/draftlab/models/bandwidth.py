@@ -64,7 +64,9 @@ def cached_bandwidth(folder: Path, hardware_key: str) -> Bandwidth:
 
 def weight_bytes(lm) -> int:
     """Bytes a plain decoding step reads: every weight once (a tied embedding once, as the output)."""
-    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+    from draftlab.models.llamacpp import runs_on_llamacpp  # noqa: PLC0415
+
+    if runs_on_llamacpp(lm):
         import llama_cpp  # noqa: PLC0415
 
         return int(llama_cpp.llama_model_size(lm.llm.model))

@@ -266,6 +266,11 @@ def keep_prefix(lm: LlamaCppLM, prefix: list[int]):
     return _PrefixKeeping(lm, prefix)
 
 
+def runs_on_llamacpp(lm) -> bool:
+    """Whether a loaded model is a GGUF run by llama.cpp (its spec says so), not a transformers one."""
+    return getattr(lm.spec, "engine", "hf") == "llamacpp"
+
+
 def is_llamacpp_source(name: str) -> bool:
     """Whether `name` means a GGUF for llama.cpp: a catalogue entry that ships one, or a .gguf file."""
     entry = ENTRIES.get(name)
@@ -293,12 +298,12 @@ def load_llamacpp(
         tokenizer = tokenizer_source
     hf_tokenizer, eos = _load_tokenizer(tokenizer, gguf, name)
     threads = n_threads or torch.get_num_threads() or os.cpu_count() or 1
-    llm = _open(llama_cpp, gguf, name, n_ctx or DEFAULT_N_CTX, threads)
+    llm = open_llama(llama_cpp, gguf, name, n_ctx or DEFAULT_N_CTX, threads)
     trained = int(llama_cpp.llama_model_n_ctx_train(llm.model))
     if n_ctx is None and 0 < trained < llm.n_ctx():
         # Like transformers' max_position_embeddings: no default context past what the model learnt.
         del llm
-        llm = _open(llama_cpp, gguf, name, trained, threads)
+        llm = open_llama(llama_cpp, gguf, name, trained, threads)
     _check_vocabulary(llm, hf_tokenizer, name)
     if not eos:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
@@ -317,7 +322,8 @@ def _import_llama_cpp():
     return llama_cpp
 
 
-def _open(llama_cpp, gguf: Path, name: str, n_ctx: int, threads: int):
+def open_llama(llama_cpp, gguf: Path | str, name: str, n_ctx: int, threads: int, **more):
+    """A `llama_cpp.Llama` as draftlab runs every one (`more`: e.g. the peer's draft model)."""
     # Both thread counts: llama.cpp uses n_threads for 1-token passes, n_threads_batch for longer ones,
     # and its defaults (half the cores, all of them) would give the two kinds of pass different cores.
     try:
@@ -328,6 +334,7 @@ def _open(llama_cpp, gguf: Path, name: str, n_ctx: int, threads: int):
             n_threads_batch=threads,
             flash_attn=True,
             verbose=False,
+            **more,
         )
     except (ValueError, RuntimeError) as exc:
         raise DraftlabError(f"llama.cpp could not load '{name}' ({gguf}): {first_line(exc)}") from None

@@ -135,7 +135,9 @@ def supported_dtypes(device: torch.device | str) -> list[str]:
 
 def fingerprint(lm: LoadedModel) -> dict:
     """Everything a cost curve depends on: a profile with another fingerprint is re-measured."""
-    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+    from draftlab.models.llamacpp import runs_on_llamacpp  # noqa: PLC0415
+
+    if runs_on_llamacpp(lm):
         return _llamacpp_fingerprint(lm)
     import transformers
 

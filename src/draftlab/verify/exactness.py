@@ -29,6 +29,7 @@ from scipy.stats import chisquare
 from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from draftlab.models.llamacpp import runs_on_llamacpp
 from draftlab.models.loading import LoadedModel
 from draftlab.sampling import SamplingParams, warp_probs
 from draftlab.verify.rules import SpeculativeRule
@@ -64,7 +65,7 @@ def next_token_logits(
     Straight through the model (transformers' own cache, batched over `firsts`), sharing no code
     with the decode loop's cache handling.
     """
-    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+    if runs_on_llamacpp(lm):
         return _llamacpp_next_token_logits(lm, prompt_ids, firsts)
     model = lm.model
     device = lm.device
@@ -273,7 +274,7 @@ def reuse_prefix(lm: LoadedModel, prompt_ids: list[int]) -> LoadedModel:
     """
     if lm.is_encoder_decoder or len(prompt_ids) < 2:
         return lm
-    if getattr(lm.spec, "engine", "hf") == "llamacpp":
+    if runs_on_llamacpp(lm):
         from draftlab.models.llamacpp import keep_prefix  # noqa: PLC0415
 
         return keep_prefix(lm, prompt_ids[:-1])
