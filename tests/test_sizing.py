@@ -84,6 +84,65 @@ def test_the_sizer_learns_and_a_draft_model_keeps_probing():
     assert sizer.choose(256, 6).k == 6, "everything accepted: the longest draft"
 
 
+# A CPU where verifying 2 tokens costs 1.2 steps and a head pass a tenth of one: a draft token
+# pays only above α of about 0.3.
+HEAD_LIKE = CostModel(curve({1: 30.0, 2: 36.0, 4: 42.0, 8: 60.0, 16: 90.0}), curve({1: 3.0, 2: 3.3, 16: 6.0}))
+
+
+def _simulate(sizer: RoundSizer, alpha: float, rounds: int, rng) -> tuple[int, int]:
+    """One generation of `rounds` rounds whose draft tokens are each accepted with chance `alpha`;
+    returns (rounds that drafted, probes)."""
+    sizer.start()
+    drafted = probes = 0
+    for _ in range(rounds):
+        choice = sizer.choose(256, 6)
+        accepted = 0
+        while accepted < choice.k and rng.random() < alpha:
+            accepted += 1
+        sizer.observe(choice.k, accepted, probe=choice.probe)
+        drafted += choice.k > 0
+        probes += choice.probe
+    return drafted, probes
+
+
+def test_each_generation_finds_out_for_itself_whether_drafting_pays():
+    """A head's α differs by task far more than the run's average shows: generations where
+    nothing is accepted must not stop a later one, where nearly everything is, from drafting. The
+    earlier rule (probes backing off across generations) drafted in none of the good one's rounds."""
+    import random
+
+    rng = random.Random(0)
+    sizer = RoundSizer(HEAD_LIKE, k_max=6, free_drafts=False)
+    bad = [_simulate(sizer, 0.05, 40, rng) for _ in range(3)]
+    assert all(drafted <= 4 and probes <= 3 for drafted, probes in bad), bad
+    drafted, _ = _simulate(sizer, 0.85, 40, rng)
+    assert drafted >= 30, drafted
+    # And back on a task where nothing is accepted, drafting stops within a few rounds.
+    drafted, _ = _simulate(sizer, 0.02, 40, rng)
+    assert drafted <= 12, drafted
+
+
+def test_a_probe_at_once_is_only_taken_where_it_is_cheap():
+    """At the start of a generation a draft model probes at once only if the probe costs at most a
+    plain step more; on a steep curve it waits for the usual, budgeted gap."""
+    steep = RoundSizer(CostModel(STEEP, curve({1: 2.0, 2: 2.2, 16: 4.0})), k_max=6, free_drafts=False)
+    cheap = RoundSizer(HEAD_LIKE, k_max=6, free_drafts=False)
+    for sizer in (steep, cheap):
+        sizer.start()
+        sizer.observe(1, 0)  # the run so far: nothing accepted, so k = 0 is chosen
+    first_steep, first_cheap = steep.choose(256, 6), cheap.choose(256, 6)
+    assert first_cheap.probe and first_cheap.k == 1
+    assert not first_steep.probe and first_steep.k == 0
+    # A rejected probe: the next one waits again.
+    cheap.observe(1, 0, probe=True)
+    assert not cheap.choose(256, 6).probe
+    # An accepted one is followed at once by another round that drafts (a probe or more).
+    cheap.start()
+    assert cheap.choose(256, 6).probe
+    cheap.observe(1, 1, probe=True)
+    assert cheap.choose(256, 6).k >= 1
+
+
 def test_the_shadow_scores_a_proposal_against_what_the_target_wrote():
     shadow = Shadow()
     shadow.begin([5, 6, 7], "3-gram")

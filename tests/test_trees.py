@@ -10,7 +10,7 @@ import torch
 from test_lossless import loaded as loaded  # noqa: F401 - the tiny pairs, loaded once per family
 from test_sampling_exact import PARAMS, PROMPT, VOCAB, chi_square_p
 from test_sampling_exact import pair as pair  # noqa: F401 - the vocab-6 fixture, shared
-from test_sizing import FLAT, MODERATE, STEEP, curve
+from test_sizing import FLAT, HEAD_LIKE, MODERATE, STEEP, curve
 from tiny import FAMILIES
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
@@ -369,6 +369,30 @@ def test_drafting_a_tree_must_add_more_than_it_costs():
     assert flat.expand_threshold(256) == pytest.approx(
         draft_cost.forward_ms(8, 256) / FLAT.forward_ms(1, 256)
     )
+
+
+def test_a_draft_tree_probes_each_generation_and_keeps_drafting_while_probes_pay():
+    """Recent rounds say a draft tree does not pay; a new generation probes at once all the same
+    (the probe costs less than a plain step here), goes on while probes bring their cost back, and
+    backs off after one that does not."""
+    sizer = TreeSizer(HEAD_LIKE, depth=4, width=4, free_drafts=False)
+    sizer.evidence.tree_draft_gain[:] = [0.0, 4.0, 3.0]  # recent draft trees added nothing
+    chain = Proposal(tokens=[5, 6, 7, 8], parents=[-1, 0, 1, 2], sources=["draft"] * 4)
+
+    def probe_round(accepted: list[int]) -> None:
+        fitted, _ = sizer.fit(chain, 256, drafted_ms=6.0, draft_passes=3)
+        sizer.observe_tree(fitted, accepted)
+
+    sizer.start()
+    assert sizer.wants_draft(256, 4) is None, "a new generation probes at once"
+    probe_round([0, 1, 2])
+    assert sizer.wants_draft(256, 4) is None, "3 tokens for a fraction of a step: probe again"
+    probe_round([])
+    choice = sizer.wants_draft(256, 4)
+    assert choice is not None and choice.k == 0, "a probe that brought nothing: back off"
+    assert all(sizer.wants_draft(256, 4) is not None for _ in range(6))
+    sizer.start()
+    assert sizer.wants_draft(256, 4) is None, "the next generation finds out for itself"
 
 
 def test_suffix_copies_of_one_method_share_their_earlier_outputs():

@@ -29,7 +29,11 @@ PRIOR_WEIGHT = 4.0
 EXAMPLE_DECAY = 0.9
 # A draft model at k = 0 probes with k = 1 now and then: at most this share of the time goes to
 # probing, the gap between probes doubles after each rejected probe, up to 8 times the first gap.
-PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF = 0.02, 8, 8
+# Each generation also probes at once, and a probe that paid for itself is followed by another at
+# once: a head's α differs by task far more than the run's average shows (0.06 to 0.84 measured),
+# so what earlier generations taught must not keep a generation from finding out for itself. Such
+# a probe at once may cost at most this many plain steps more than the plain step it replaces.
+PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF, PROBE_AT_ONCE_MAX = 0.02, 8, 8, 1.0
 # Measured round time / predicted round time is tracked (separately for plain and speculative
 # rounds) with this smoothing, so a profile that is off on this run is corrected as it goes.
 CALIBRATION_SMOOTHING = 0.1
@@ -127,7 +131,9 @@ class RoundSizer:
         self.calibrate = calibrate  # False: trust the profile as it is (reproducible choices)
         self.propose_ms = 0.0  # running mean of a free proposer's own time per round
         self._since_probe = 0
-        self._misses = 0  # rejected probes in a row
+        self._misses = 0  # rejected probes in a row, this generation
+        self._probe_next = True  # the next round that would be plain probes instead
+        self._probe_extra = 0.0  # what the probe in flight costs over a plain step, in plain steps
 
     def share(self, evidence: Evidence) -> None:
         """Learn into (and from) another sizer's evidence: the same method with another dtype."""
@@ -136,9 +142,29 @@ class RoundSizer:
         self.calibration = evidence.calibration
 
     def start(self) -> None:
-        """A new generation: the example's own evidence starts empty, the run's prior stays."""
+        """A new generation: the example's own evidence starts empty, the run's prior stays, and a
+        draft model probes in its first plain round whatever the run so far says."""
         for state in self.kinds.values():
             state.example = AcceptanceStats()
+        self._misses = 0
+        self._probe_next = True
+
+    def _due_probe(self, extra: float, plain: float) -> bool:
+        """Whether this round, which would be plain, probes instead (costing `extra` ms more)."""
+        self._since_probe += 1
+        at_once = self._probe_next and extra <= PROBE_AT_ONCE_MAX * plain
+        if not (at_once or self._since_probe >= self._probe_gap(extra, plain)):
+            return False
+        self._since_probe, self._probe_next = 0, False
+        self._probe_extra = extra / plain
+        return True
+
+    def _probe_outcome(self, gained: float) -> None:
+        """A probe brought `gained` tokens beyond the plain step's one: if that paid for its extra
+        cost, probe again at once; otherwise back off."""
+        paid = gained > 0 and gained >= self._probe_extra
+        self._misses = 0 if paid else self._misses + 1
+        self._probe_next = paid
 
     def _probe_gap(self, extra: float, plain: float) -> int:
         """Plain steps between probes that each cost `extra` ms over a plain step of `plain` ms, so
@@ -219,11 +245,11 @@ class RoundSizer:
             self._state(kind).proposals += 1
 
         k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context)
-        if k == 0 and not self.free_drafts and limit > 0:
-            self._since_probe += 1
+        if k > 0:
+            self._probe_next = False  # drafting on its own evidence: no probe owed
+        elif not self.free_drafts and limit > 0:
             extra = self.cost.draft_ms(1, context) + self.cost.verify_ms(2, context) - plain
-            if self._since_probe >= self._probe_gap(extra, plain):
-                self._since_probe = 0
+            if self._due_probe(extra, plain):
                 tokens = expected_tokens(alphas, 1)
                 return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
         return Choice(k, tokens, cost, plain)
@@ -251,7 +277,7 @@ class RoundSizer:
         state.example.add(drafted, accepted)
         state.run.add(drafted, accepted)
         if probe:
-            self._misses = 0 if accepted else self._misses + 1
+            self._probe_outcome(float(accepted))
 
     def observe_propose_time(self, ms: float) -> None:
         self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms

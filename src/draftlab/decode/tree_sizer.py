@@ -48,6 +48,7 @@ class TreeSizer(RoundSizer):
         super().__init__(cost, k_max=depth, free_drafts=free_drafts, **kwargs)
         self.width = width
         self._drafted: tuple[float, float] | None = None  # (draft nodes verified, passes) this round
+        self._probing = False  # this round drafts only as a probe
 
     @property
     def scores(self) -> dict[str, _Calibration]:
@@ -97,6 +98,9 @@ class TreeSizer(RoundSizer):
             sources = proposal.sources or ["draft"] * len(proposal.tokens)
             added = float(sum(sources[i] == "draft" for i in path))
             _follow(self.evidence.tree_draft_gain, (added, nodes, passes))
+            if self._probing:
+                self._probe_outcome(added)
+        self._probing = False
         if not proposal.tokens:
             return
         on_path = set(path)
@@ -156,11 +160,11 @@ class TreeSizer(RoundSizer):
         draft_ms = self.tree_draft_ms(context, pending)
         with_draft = (base_tokens + gain) / (verify_ms(base_n + round(nodes) + 1, context) + draft_ms)
         if with_draft > without:
+            self._probe_next = False
             return None
-        self._since_probe += 1
         extra = draft_ms + verify_ms(base_n + round(nodes) + 1, context) - verify_ms(base_n + 1, context)
-        if self._since_probe >= self._probe_gap(extra, plain):
-            self._since_probe = 0
+        if self._due_probe(extra, plain):
+            self._probing = True
             return None
         return Choice(0, 1.0, verify_ms(1, context), plain)
 
