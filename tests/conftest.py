@@ -17,6 +17,8 @@ torch.set_num_threads(1)
 def _profiles_in_tmp(tmp_path_factory):
     """Cost profiles measured by tests stay out of the user's draftlab home."""
     os.environ["DRAFTLAB_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
+    # And what --compile builds: compiled anew by every run of the suite.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
 
 
 # DRAFTLAB_SHARED moves ../shared, for runs from a copy of the tree (mutation testing).

@@ -259,6 +259,30 @@ def _warm_up(plan: BenchPlan) -> None:
             variant.decoder.generate(ids, min(plan.max_new_tokens, WARMUP_TOKENS), variant.sampling)
 
 
+def warm_compiled(variants: list[Variant], examples: list[Example], max_new_tokens: int, chat: bool) -> None:
+    """Compile, untimed, every static-cache length the suite's prompts can need (models/compiled.py),
+    so that no timed generation pays for a compile. A later turn's prompt holds the earlier turns
+    and answers, bounded here by their texts plus `max_new_tokens` per answer."""
+    from draftlab.models.compiled import RESERVE, static_length  # noqa: PLC0415
+
+    for variant in variants:
+        target = getattr(variant.decoder, "target", None)
+        if getattr(target, "compiled", None) is None:
+            continue
+        lengths: set[int] = set()
+        for example in examples:
+            first = len(encode_prompt(variant.target, example.turns[0], chat=chat))
+            later = sum(len(encode_prompt(variant.target, t, chat=chat)) for t in example.turns[1:])
+            most = first + later + len(example.turns) * max_new_tokens
+            lengths.add(static_length(first + RESERVE))
+            lengths.add(static_length(most + RESERVE))
+        buckets = sorted(lengths)
+        length = buckets[0]
+        while length <= buckets[-1]:
+            target.warm(length)
+            length *= 2
+
+
 def to_record(
     variant: Variant, example: Example, turn: int, repeat: int, result, greedy_match: bool | None
 ) -> Record:

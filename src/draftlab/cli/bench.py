@@ -9,10 +9,12 @@ from rich.console import Console
 
 from draftlab.bench import budget
 from draftlab.bench.formatting import fmt_duration
-from draftlab.bench.runner import Variant, check_contexts
+from draftlab.bench.runner import Variant, check_contexts, warm_compiled
 from draftlab.bench.suites import select
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
+    add_compile_arg,
+    compile_seconds,
     cost_model,
     decoder_config,
     head_name,
@@ -53,6 +55,7 @@ DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inferen
 # Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
 DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
 LLAMACPP_SUFFIX = "@llamacpp"
+COMPILED_AR = "ar compiled"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,6 +71,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="supported",
         help="also run ar in these dtypes (comma-separated), so that 'vs best ar' compares with the "
         "fastest plain decoding here: supported (default: every dtype the device supports) or none",
+    )
+    add_compile_arg(
+        p,
+        "also run 'ar compiled': plain decoding whose one-token passes go through torch.compile over a "
+        "static cache (compiled in the untimed warm-up; the compile time is recorded in run.json)",
     )
     add_engine_args(p)
     add_run_command_args(p, run, lambda args: "bench")
@@ -144,11 +152,20 @@ def run(args: argparse.Namespace) -> int:
             if not args.vllm_alive or args.vllm_alive >= len(more)
             else f"blocks of {args.vllm_block}"
         )
+    if getattr(args, "compile", False):
+        warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat)
+        extra["compile_s"] = compile_record(variants)
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
     with closing(pool):
         return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
+
+
+def compile_record(variants: list[Variant]) -> dict | None:
+    """Seconds the first pass of each static-cache length took, compile included, if any compiled."""
+    compiled = [v.target for v in variants if v.config.compile]
+    return {str(n): round(t, 1) for n, t in compile_seconds(compiled[0]).items()} if compiled else None
 
 
 def bandwidth_record(variants: list[Variant]) -> dict:
@@ -245,6 +262,10 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
     for other in others:
         params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
         variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
+    if getattr(args, "compile", False):
+        config = dataclasses.replace(configs["ar"], compile=True)
+        params = variant_params(args, config)
+        variants.append(Variant(COMPILED_AR, config, target, None, sampling, params))
     return variants
 
 

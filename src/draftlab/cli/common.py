@@ -147,6 +147,17 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compile_arg(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--compile", action="store_true", help=text)
+
+
+def compile_seconds(target: LoadedModel) -> dict[int, float]:
+    """What the first call of each static-cache length took, compile included (models/compiled.py)."""
+    from draftlab.models.compiled import compiled_steps  # noqa: PLC0415
+
+    return dict(compiled_steps(target.model).compile_seconds)
+
+
 def sampling_from(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 

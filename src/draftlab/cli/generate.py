@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -11,8 +12,10 @@ from rich.table import Table
 
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import (
+    add_compile_arg,
     add_method_args,
     add_model_args,
+    compile_seconds,
     cost_model,
     decoder_config,
     load_head,
@@ -34,6 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON record instead of text and a table")
     add_model_args(p)
     add_method_args(p)
+    add_compile_arg(
+        p,
+        "the target's one-token passes through torch.compile over a static cache (hf engine, chain "
+        "methods); an untimed run compiles first (about 45 s on 2 cores), and the time is reported",
+    )
     llamacpp_engine.add_engine_arg(p)
     p.set_defaults(func=run)
 
@@ -42,9 +50,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if prompt is None or not prompt.strip():
         raise DraftlabError("empty prompt")
-    config = decoder_config(args, args.method)
+    config = dataclasses.replace(decoder_config(args, args.method), compile=args.compile)
     params = sampling_from(args)
     llamacpp = args.engine == "llamacpp"
+    if llamacpp and args.compile:
+        raise DraftlabError("--compile is for the hf engine (torch.compile); llama.cpp runs its own kernels")
     check_methods([args.method], [args.engine])
     if llamacpp:
         llamacpp_engine.check_method(args.method)
@@ -60,7 +70,15 @@ def run(args: argparse.Namespace) -> int:
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
     # On llama.cpp the target's curve is llama.cpp's own (`draftlab profile --engine llamacpp`).
     cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
-    result = build_decoder(config, target, draft, cost).generate(ids, args.max_new_tokens, params)
+    decoder = build_decoder(config, target, draft, cost)
+    compiled = None
+    if config.compile:
+        # Untimed: the first one-token pass compiles (or loads the compiled graph from disk).
+        decoder.generate(ids, 2, params)
+        compiled = compile_seconds(target)
+        seconds = ", ".join(f"{s:.1f} s (cache of {n} tokens)" for n, s in compiled.items())
+        Console(stderr=True).print(f"[dim]compiled in {seconds}[/]")
+    result = decoder.generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {
             "method": args.method,
@@ -70,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             "gamma": config.spec.gamma(config),
             "dtype": target.spec.dtype,
             "sizing": "cost-aware" if cost is not None else "fixed k",
+            "compile_s": compiled,
             "temperature": params.temperature,
             "text": result.text,
             "tokens": result.tokens,

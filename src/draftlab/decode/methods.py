@@ -48,6 +48,9 @@ class DecoderConfig:
     # profile, a chain).
     tree_width: int = 8
     tree_budget: int | None = None
+    # The target's one-token passes through torch.compile over a static cache (models/compiled.py);
+    # chain methods of our own loop only.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in REGISTRY:
@@ -70,6 +73,11 @@ class DecoderConfig:
             raise DraftlabError(f"tree budget must be >= 1, got {self.tree_budget}")
         if not 0.0 <= self.draft_confidence <= 1.0:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
+        spec = REGISTRY[self.method]
+        if self.compile and (spec.tree or spec.needs_head or spec.external or spec.llamacpp_only):
+            raise DraftlabError(
+                f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild), not '{self.method}'"
+            )
 
     @property
     def spec(self) -> MethodSpec:
@@ -93,6 +101,8 @@ class DecoderConfig:
             out["fixed_k"] = self.fixed_k
         if self.spec.tree:
             out["tree_budget"] = self.tree_budget
+        if self.compile:
+            out["compile"] = True
         return out
 
 
@@ -147,7 +157,7 @@ class MethodSpec:
 def _target(config: DecoderConfig, target: LoadedModel):
     from draftlab.models.cached import cached
 
-    return cached(target, use_cache=config.use_cache)
+    return cached(target, use_cache=config.use_cache, compiled=config.compile)
 
 
 def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):

@@ -15,15 +15,20 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
+from draftlab.models.compiled import RESERVE, capacity, compiled_steps
 from draftlab.models.loading import LoadedModel
 
 
 class CachedModel:
-    def __init__(self, lm: LoadedModel, use_cache: bool = True) -> None:
+    def __init__(self, lm: LoadedModel, use_cache: bool = True, compiled: bool = False) -> None:
         self.lm = lm
         self.model = lm.model
         self.device = lm.device
         self.use_cache = use_cache
+        # One-token passes through torch.compile over a static cache (models/compiled.py).
+        self.compiled = compiled_steps(self.model) if compiled else None
+        if compiled and (not use_cache or lm.is_encoder_decoder):
+            raise DraftlabError("--compile needs a decoder-only target with its KV cache on")
         self.forward_calls = 0
         params = inspect.signature(self.model.forward).parameters
         self._keeps_logits = "logits_to_keep" in params
@@ -60,7 +65,10 @@ class CachedModel:
             if start is None:
                 start = config.pad_token_id
             return [int(start)]
-        self._cache = DynamicCache(config=config) if self.use_cache else None
+        if self.compiled is not None:
+            self._cache = self.compiled.new_cache(len(prompt_ids) + RESERVE)
+        else:
+            self._cache = DynamicCache(config=config) if self.use_cache else None
         return list(prompt_ids)
 
     @torch.inference_mode()
@@ -110,7 +118,9 @@ class CachedModel:
             mask, positions = self._tree.extend(start, n_chain, tree, self.model.dtype)
             kwargs["attention_mask"] = mask.to(self.device)
             kwargs["position_ids"] = positions.to(self.device)
-        if self._encoder_out is not None:
+        if self.compiled is not None:
+            out = self._static_forward(feed, kwargs)
+        elif self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
         else:
             out = self.model(input_ids=feed, **kwargs)
@@ -119,6 +129,30 @@ class CachedModel:
             n = len(new_ids)
             self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
         return out.logits[0, -keep:]
+
+    def warm(self, needed: int) -> None:
+        """Compile now (untimed) the one-token pass over the static cache that holds `needed` tokens."""
+        if self.compiled is None:
+            return
+        saved = (self._tokens, self._cache, self._tree, self.forward_calls)
+        try:
+            self._tokens, self._tree = [], None
+            self._cache = self.compiled.new_cache(needed)
+            self.forward([0])
+            self.forward([0])
+        finally:
+            self._tokens, self._cache, self._tree, self.forward_calls = saved
+
+    def _static_forward(self, feed: torch.Tensor, kwargs: dict):
+        """A pass over the static cache: compiled for one token, eager for a prompt or a proposal."""
+        if "attention_mask" in kwargs:
+            raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
+        needed = len(self._tokens)
+        if needed > capacity(self._cache):
+            self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, needed)
+        if feed.shape[1] == 1 and "output_hidden_states" not in kwargs:
+            return self.compiled(input_ids=feed, **kwargs)
+        return self.model(input_ids=feed, **kwargs)
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: list[int]) -> None:
@@ -145,6 +179,8 @@ class CachedModel:
         Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
         custom 4D mask fail this, and tree methods then fall back to chains.
         """
+        if self.compiled is not None:
+            return False  # a tree's 4D mask spans the sequence; a static cache's spans its bucket
         ok = _TREE_SUPPORT.get(self.model)
         if ok is None:
             ok = _TREE_SUPPORT[self.model] = self._check_trees()
@@ -194,6 +230,7 @@ class CachedModel:
             self._tokens, self._cache, self._encoder_out, self.forward_calls = saved
         return ok
 
+    @torch.inference_mode()  # a static cache's length is a tensor made under inference mode
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens of the sequence."""
         drop = len(self._tokens) - length
@@ -205,11 +242,15 @@ class CachedModel:
             self._cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
 
 
-def cached(lm, use_cache: bool = True):
+def cached(lm, use_cache: bool = True, compiled: bool = False):
     """The cache-aware model the decode loop drives: a `CachedModel` for a transformers model, or
     the model's own (llama.cpp's) when it brings one, with the same start / forward / crop."""
     own = getattr(lm, "cached_model", None)
-    return own(use_cache) if own is not None else CachedModel(lm, use_cache)
+    if own is None:
+        return CachedModel(lm, use_cache, compiled)
+    if compiled:
+        raise DraftlabError("--compile is for the hf engine (torch.compile); llama.cpp runs its own kernels")
+    return own(use_cache)
 
 
 # Whether a model verifies trees exactly, per model object: every decoder built on it shares the check.

@@ -1,0 +1,121 @@
+"""`--compile`: the target's one-token passes through torch.compile over transformers' StaticCache.
+
+Compiled kernels sum in another order than eager ones, so compiled decoding must write plain
+decoding's tokens up to a near-tie, and its logits must agree within the dtype's rounding bound.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import QUIET, write_suite
+from test_bad_input import cli, one_line
+from tolerance import assert_greedy_equal, logits_tol
+from transformers import DynamicCache, StaticCache
+
+from draftlab.bench.records import read_records
+from draftlab.cli import main
+from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.errors import DraftlabError
+from draftlab.models import ModelSpec, load_model
+from draftlab.models.cached import CachedModel
+from draftlab.models.compiled import RESERVE, capacity, compiled_steps, static_length
+from draftlab.models.prompting import encode_prompt
+from draftlab.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def story_model(stories):
+    model = load_model(ModelSpec(str(stories), dtype="float32"))
+    model.eos_token_ids = set()  # no early stop: every generation is as long as asked
+    return model
+
+
+def test_static_lengths_come_in_buckets():
+    assert [static_length(n) for n in (1, 512, 513, 1500, 5000)] == [512, 512, 1024, 2048, 8192]
+    assert static_length(5000, limit=4096) == 4096
+
+
+def test_compiled_steps_give_eager_logits(story_model):
+    ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
+    eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
+    for cm in (eager, compiled):
+        cm.start(ids)
+    assert isinstance(compiled._cache, StaticCache) and isinstance(eager._cache, DynamicCache)
+    assert capacity(compiled._cache) == static_length(len(ids) + RESERVE)
+    a, b = eager.forward(ids), compiled.forward(ids)  # the prompt: eager on both
+    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    token = int(a[-1].argmax())
+    for _ in range(12):  # one-token passes: compiled on one side
+        a, b = eager.forward([token]), compiled.forward([token])
+        torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+        token = int(a[-1].argmax())
+    assert compiled_steps(story_model.model).compile_seconds, "the first compiled call is timed"
+    # Rollback is the static cache's own crop; feeding the same tokens again gives the same logits.
+    length = compiled.length
+    again = compiled.forward([token, 5, 7])
+    compiled.crop(length)
+    torch.testing.assert_close(compiled.forward([token, 5, 7]), again, atol=0, rtol=0)
+
+
+def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
+    ids = encode_prompt(story_model, "Once upon a time, there was a little girl named Lily.", chat=False)
+    plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 120, GREEDY)
+    for method in ("ar", "sps", "pld"):
+        config = DecoderConfig(method=method, compile=True, fixed_k=True)
+        got = build_decoder(config, story_model, story_model).generate(ids, 120, GREEDY)
+        assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, f"compiled {method}")
+        if method == "pld":  # rejected lookups: the static cache is cropped back many times
+            assert got.stats.accepted > 0 and got.stats.rollbacks > 10
+
+
+def test_a_static_cache_grows_past_its_bucket(tiny_pair):
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    lm.model.config.max_position_embeddings = 2048  # RoPE runs past the 512 it was made with
+    prompt = [(7 * i + 3) % lm.vocab_size for i in range(5)]
+    more = [(11 * i + 5) % lm.vocab_size for i in range(600)]
+    eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
+    for cm in (eager, compiled):
+        cm.start(prompt)
+        cm.forward(prompt)
+    assert capacity(compiled._cache) == 512
+    a, b = eager.forward(more), compiled.forward(more)  # 605 tokens: the cache doubles, copying
+    assert capacity(compiled._cache) == 1024
+    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+    a, b = eager.forward([3, 4]), compiled.forward([3, 4])
+    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+
+
+def test_compile_refuses_what_it_cannot_run(tiny_pair):
+    for method in ("pld-tree", "eagle", "hf-assisted"):
+        with pytest.raises(DraftlabError, match=f"--compile runs chain methods .* not '{method}'"):
+            DecoderConfig(method=method, compile=True)
+    lm = load_model(ModelSpec(str(tiny_pair["t5"][0]), dtype="float32"))
+    with pytest.raises(DraftlabError, match="decoder-only"):
+        CachedModel(lm, compiled=True)
+    target = str(tiny_pair["llama"][0])
+    result = cli("generate", "hello", "--target", target, "--method", "pld-tree", "--compile")
+    assert result.returncode == 2
+    one_line(result.stderr, ["--compile", "'pld-tree'"])
+
+
+def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_path, capsys):
+    target = str(tiny_pair["llama"][0])
+    suite = write_suite(tmp_path / "suite.jsonl", [{"id": "a", "category": "qa", "prompt": "the cat sat on"}])
+    out = tmp_path / "run"
+    argv = ["bench", "--target", target, "--dtype", "float32", "--ar-dtypes", "none", "--suite", str(suite)]
+    argv += ["--methods", "ar", "--max-new-tokens", "8", "--compile", "--out", str(out), *QUIET]
+    assert main(argv) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["extra"]["compile_s"] and all(s > 0 for s in run["extra"]["compile_s"].values())
+    records = read_records(out / "results.jsonl")
+    labels = {r.label for r in records}
+    assert labels == {"ar", "ar compiled"}
+    by_label = {r.label: r for r in records}
+    assert by_label["ar compiled"].greedy_match is not False
+    assert "ar compiled" in (out / "report.md").read_text()
+    capsys.readouterr()
