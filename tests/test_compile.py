@@ -21,7 +21,7 @@ from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.errors import DraftlabError
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import CachedModel
-from draftlab.models.compiled import RESERVE, capacity, compiled_steps, static_length
+from draftlab.models.compiled import PASS_SIZES, RESERVE, capacity, compiled_steps, static_length
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -55,11 +55,18 @@ def test_compiled_steps_give_eager_logits(story_model):
         torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
         token = int(a[-1].argmax())
     assert compiled_steps(story_model.model).compile_seconds, "the first compiled call is timed"
-    # Rollback is the static cache's own crop; feeding the same tokens again gives the same logits.
+    # A verification pass of 3 tokens runs padded to the compiled pass of 4, and gives the eager
+    # logits; rollback is the static cache's own crop, so the same tokens again give the same.
     length = compiled.length
-    again = compiled.forward([token, 5, 7])
+    a, again = eager.forward([token, 5, 7]), compiled.forward([token, 5, 7])
+    assert again.shape == a.shape
+    torch.testing.assert_close(again, a, atol=logits_tol(story_model.model, a), rtol=0)
+    assert (capacity(compiled._cache), 4) in compiled_steps(story_model.model).compile_seconds
     compiled.crop(length)
     torch.testing.assert_close(compiled.forward([token, 5, 7]), again, atol=0, rtol=0)
+    # After the padded pass, the cache holds exactly the real tokens: the next step agrees too.
+    a, b = eager.forward([9]), compiled.forward([9])
+    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
 
 
 def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
@@ -86,7 +93,8 @@ def test_a_static_cache_grows_past_its_bucket(tiny_pair):
     a, b = eager.forward(more), compiled.forward(more)  # 605 tokens: the cache doubles, copying
     assert capacity(compiled._cache) == 1024
     torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
-    a, b = eager.forward([3, 4]), compiled.forward([3, 4])
+    tail = list(range(3, 12))  # 9 tokens: an eager pass, as a prompt is (no compile needed here)
+    a, b = eager.forward(tail), compiled.forward(tail)
     torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
 
 
@@ -119,3 +127,13 @@ def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_pa
     assert by_label["ar compiled"].greedy_match is not False
     assert "ar compiled" in (out / "report.md").read_text()
     capsys.readouterr()
+
+
+def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(story_model):
+    """A verification pass longer than the compiled ones would run eagerly, at 2-3x the cost."""
+    for method, field in (("pld", "pld_tokens"), ("sps", "gamma")):
+        eager = build_decoder(DecoderConfig(method=method, **{field: 10}), story_model, story_model)
+        compiled = build_decoder(
+            DecoderConfig(method=method, compile=True, **{field: 10}), story_model, story_model
+        )
+        assert (eager.gamma, compiled.gamma) == (10, PASS_SIZES[-1] - 1), method

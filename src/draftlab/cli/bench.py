@@ -55,7 +55,6 @@ DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inferen
 # Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
 DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
 LLAMACPP_SUFFIX = "@llamacpp"
-COMPILED_AR = "ar compiled"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -74,8 +73,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_compile_arg(
         p,
-        "also run 'ar compiled': plain decoding whose one-token passes go through torch.compile over a "
-        "static cache (compiled in the untimed warm-up; the compile time is recorded in run.json)",
+        "also run 'ar compiled', 'pld compiled', ... for every chain method: the target's passes of up "
+        "to 8 tokens through torch.compile over a static cache (compiled in the untimed warm-up, about "
+        "a minute a pass size on 2 cores; the times are recorded in run.json)",
     )
     add_engine_args(p)
     add_run_command_args(p, run, lambda args: "bench")
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 def compile_record(variants: list[Variant]) -> dict | None:
     """Seconds the first pass of each static-cache length took, compile included, if any compiled."""
     compiled = [v.target for v in variants if v.config.compile]
-    return {str(n): round(t, 1) for n, t in compile_seconds(compiled[0]).items()} if compiled else None
+    return compile_seconds(compiled[0]) if compiled else None
 
 
 def bandwidth_record(variants: list[Variant]) -> dict:
@@ -263,9 +263,13 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
         params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
         variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
     if getattr(args, "compile", False):
-        config = dataclasses.replace(configs["ar"], compile=True)
-        params = variant_params(args, config)
-        variants.append(Variant(COMPILED_AR, config, target, None, sampling, params))
+        for m, config in configs.items():
+            if not config.spec.compilable:
+                continue
+            config = dataclasses.replace(config, compile=True)
+            cost = priced(draft)[0] if config.adaptive else None
+            params = variant_params(args, config)
+            variants.append(Variant(f"{m} compiled", config, target, draft, sampling, params, cost))
     return variants
 
 

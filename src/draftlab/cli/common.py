@@ -151,11 +151,20 @@ def add_compile_arg(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--compile", action="store_true", help=text)
 
 
-def compile_seconds(target: LoadedModel) -> dict[int, float]:
-    """What the first call of each static-cache length took, compile included (models/compiled.py)."""
+def compile_seconds(target: LoadedModel) -> dict[str, float]:
+    """What the first call of each compiled pass took, compile included (models/compiled.py), by
+    "cache length:pass tokens"."""
     from draftlab.models.compiled import compiled_steps  # noqa: PLC0415
 
-    return dict(compiled_steps(target.model).compile_seconds)
+    seconds = compiled_steps(target.model).compile_seconds
+    return {f"{length}:{size}": round(t, 1) for (length, size), t in seconds.items()}
+
+
+def compiled_pass_sizes(config: DecoderConfig) -> tuple[int, ...]:
+    """The compiled passes a method uses: plain steps only for ar, verification passes too otherwise."""
+    from draftlab.models.compiled import PASS_SIZES  # noqa: PLC0415
+
+    return PASS_SIZES if config.spec.speculative else (1,)
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingParams:

@@ -73,8 +73,7 @@ class DecoderConfig:
             raise DraftlabError(f"tree budget must be >= 1, got {self.tree_budget}")
         if not 0.0 <= self.draft_confidence <= 1.0:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
-        spec = REGISTRY[self.method]
-        if self.compile and (spec.tree or spec.needs_head or spec.external or spec.llamacpp_only):
+        if self.compile and not REGISTRY[self.method].compilable:
             raise DraftlabError(
                 f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild), not '{self.method}'"
             )
@@ -132,6 +131,11 @@ class MethodSpec:
     llamacpp_only: bool = False  # llama.cpp's own decoding (llama-cpp-python's generate), a peer
 
     @property
+    def compilable(self) -> bool:
+        """Whether --compile can run it: chains of our own loop, without a head's features."""
+        return not (self.tree or self.needs_head or self.external or self.llamacpp_only)
+
+    @property
     def engines(self) -> tuple[str, ...]:
         if self.llamacpp_only:
             return ("llamacpp",)
@@ -160,6 +164,16 @@ def _target(config: DecoderConfig, target: LoadedModel):
     return cached(target, use_cache=config.use_cache, compiled=config.compile)
 
 
+def _most_drafts(config: DecoderConfig, n: int) -> int:
+    """Drafts per round: with --compile, no more than the longest compiled pass verifies (a longer
+    pass runs eagerly and cost 2-3x a compiled one on an AMD Zen5)."""
+    if not config.compile:
+        return n
+    from draftlab.models.compiled import PASS_SIZES
+
+    return min(n, PASS_SIZES[-1] - 1)
+
+
 def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):
     if not config.adaptive or cost is None:
         return None
@@ -184,7 +198,8 @@ def _build_sps(config, target, draft, cost):
     from draftlab.proposers import DraftModelProposer
     from draftlab.verify.rules import SpeculativeRule
 
-    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
+    gamma = _most_drafts(config, config.gamma)
+    sizer = _sizer(config, cost, gamma, free_drafts=False)
     proposer = DraftModelProposer(
         cached(draft, use_cache=config.use_cache),
         target.vocab_size,
@@ -192,7 +207,7 @@ def _build_sps(config, target, draft, cost):
         frozenset(target.eos_token_ids),
         lazy_prefill=sizer is not None,
     )
-    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), config.gamma, sizer)
+    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), gamma, sizer)
 
 
 def _build_pld(config, target, draft, cost):
@@ -201,13 +216,10 @@ def _build_pld(config, target, draft, cost):
     from draftlab.proposers import PromptLookupProposer
     from draftlab.verify.rules import SpeculativeRule
 
-    sizer = _sizer(config, cost, config.pld_tokens, free_drafts=True)
+    most = _most_drafts(config, config.pld_tokens)
+    sizer = _sizer(config, cost, most, free_drafts=True)
     return SpeculativeDecoder(
-        _target(config, target),
-        PromptLookupProposer(config.max_ngram),
-        SpeculativeRule(),
-        config.pld_tokens,
-        sizer,
+        _target(config, target), PromptLookupProposer(config.max_ngram), SpeculativeRule(), most, sizer
     )
 
 

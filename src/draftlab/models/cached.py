@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from types import SimpleNamespace
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
-from draftlab.models.compiled import RESERVE, capacity, compiled_steps
+from draftlab.models.compiled import PASS_SIZES, RESERVE, capacity, compiled_steps, pass_size
 from draftlab.models.loading import LoadedModel
 
 
@@ -130,29 +131,44 @@ class CachedModel:
             self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
         return out.logits[0, -keep:]
 
-    def warm(self, needed: int) -> None:
-        """Compile now (untimed) the one-token pass over the static cache that holds `needed` tokens."""
+    def warm(self, needed: int, sizes: tuple[int, ...] = PASS_SIZES) -> None:
+        """Compile now (untimed) the passes of these sizes over the static cache that holds `needed`."""
         if self.compiled is None:
             return
         saved = (self._tokens, self._cache, self._tree, self.forward_calls)
         try:
             self._tokens, self._tree = [], None
             self._cache = self.compiled.new_cache(needed)
-            self.forward([0])
-            self.forward([0])
+            for size in sizes:
+                self.forward([0] * size)
+                self.crop(0)
         finally:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
 
     def _static_forward(self, feed: torch.Tensor, kwargs: dict):
-        """A pass over the static cache: compiled for one token, eager for a prompt or a proposal."""
+        """A pass over the static cache: compiled for up to max(PASS_SIZES) tokens, padded up to the
+        next compiled size, and eager for a prompt.
+
+        Padding repeats the last token after the real ones; causal attention keeps it from touching
+        their logits, and it leaves the cache again at once (crop).
+        """
         if "attention_mask" in kwargs:
             raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
-        needed = len(self._tokens)
+        n = feed.shape[1]
+        size = None if "output_hidden_states" in kwargs else pass_size(n)
+        needed = len(self._tokens) + (size - n if size else 0)
         if needed > capacity(self._cache):
             self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, needed)
-        if feed.shape[1] == 1 and "output_hidden_states" not in kwargs:
-            return self.compiled(input_ids=feed, **kwargs)
-        return self.model(input_ids=feed, **kwargs)
+        if size is None:
+            return self.model(input_ids=feed, **kwargs)
+        if size > n:
+            feed = torch.cat([feed, feed[:, -1:].expand(1, size - n)], dim=1)
+        if "logits_to_keep" in kwargs:
+            kwargs["logits_to_keep"] = size  # one graph per size: every row, cut below
+        out = self.compiled(input_ids=feed, **kwargs)
+        if size > n:
+            self._cache.crop(n - size)
+        return SimpleNamespace(logits=out.logits[:, :n])
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: list[int]) -> None:
