@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch._dynamo import config as dynamo_config
 from torch._inductor import config as inductor_config
 from transformers import StaticCache
 from transformers.generation.configuration_utils import CompileConfig
@@ -28,6 +29,7 @@ FIRST_BUCKET = 512
 # size (a pass of 4 tokens cost 1.6x a step compiled, 1.4x eager, on an AMD Zen5: all compiled,
 # a verification pays at a far lower acceptance). Longer passes (prompts) run eagerly.
 PASS_SIZES = (1, 2, 4, 8)
+RECOMPILE_LIMIT = 64
 # Tokens a new generation's static cache holds beyond its prompt before it must grow.
 RESERVE = 256
 
@@ -58,6 +60,9 @@ class CompiledSteps:
         # with a static cache); one graph per cache length, no dynamic shapes. On a CPU, inductor's
         # own GEMM templates (max_autotune) over frozen, prepacked weights are what beat the eager
         # per-product overhead; plain compilation gained nothing on an AMD Zen5 (docs/engines.md).
+        # A graph per (bucket, pass size): past dynamo's default of 8 it would silently run the rest
+        # eagerly (seen: the 1024-token bucket's passes of 4 and 8 "compiled" in 0.1 s).
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         config = CompileConfig(fullgraph=False, dynamic=False, mode=None, options=INDUCTOR_OPTIONS)
         self._call = self.model.get_compiled_call(config)
         self.caches: dict[int, StaticCache] = {}
