@@ -83,14 +83,14 @@ def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
 def test_a_static_cache_grows_past_its_bucket(tiny_pair):
     lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
     lm.model.config.max_position_embeddings = 2048  # RoPE runs past the 512 it was made with
-    prompt = [(7 * i + 3) % lm.vocab_size for i in range(5)]
+    prompt = [(7 * i + 3) % lm.vocab_size for i in range(12)]  # over 8 tokens: eager, no compile
     more = [(11 * i + 5) % lm.vocab_size for i in range(600)]
     eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
     for cm in (eager, compiled):
         cm.start(prompt)
         cm.forward(prompt)
     assert capacity(compiled._cache) == 512
-    a, b = eager.forward(more), compiled.forward(more)  # 605 tokens: the cache doubles, copying
+    a, b = eager.forward(more), compiled.forward(more)  # 612 tokens: the cache doubles, copying
     assert capacity(compiled._cache) == 1024
     torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
     tail = list(range(3, 12))  # 9 tokens: an eager pass, as a prompt is (no compile needed here)
