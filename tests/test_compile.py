@@ -98,7 +98,7 @@ def test_a_static_cache_grows_past_its_bucket(tiny_pair):
     torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
 
 
-def test_compile_refuses_what_it_cannot_run(tiny_pair):
+def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
     for method in ("pld-tree", "eagle", "hf-assisted"):
         with pytest.raises(DraftlabError, match=f"--compile runs chain methods .* not '{method}'"):
             DecoderConfig(method=method, compile=True)
@@ -109,6 +109,8 @@ def test_compile_refuses_what_it_cannot_run(tiny_pair):
     result = cli("generate", "hello", "--target", target, "--method", "pld-tree", "--compile")
     assert result.returncode == 2
     one_line(result.stderr, ["--compile", "'pld-tree'"])
+    assert main(["bench", "--target", target, "--engines", "llamacpp", "--compile"]) == 2
+    assert "--compile is for the hf engine" in capsys.readouterr().err
 
 
 def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_path, capsys):

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             names.insert(0, "ar")  # speed-ups are always measured against AR on the same engine
         check_methods(names, [engine])
     check_engine_args(args, engines)
+    if getattr(args, "compile", False) and "hf" not in engines:
+        raise DraftlabError("--compile is for the hf engine (torch.compile); add hf to --engines")
     methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
