@@ -139,3 +139,16 @@ def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(s
             DecoderConfig(method=method, compile=True, **{field: 10}), story_model, story_model
         )
         assert (eager.gamma, compiled.gamma) == (10, PASS_SIZES[-1] - 1), method
+
+
+def test_a_warmed_target_compiles_nothing_while_it_generates(story_model):
+    """The warm-up must leave graphs whose guards hold for a real generation: traced over a cache
+    not yet allocated, they recompiled (45 s) inside `generate --compile`'s timed run."""
+    from torch._dynamo.utils import counters
+
+    decoder = build_decoder(DecoderConfig(method="ar", compile=True), story_model)
+    ids = encode_prompt(story_model, "Once upon a time, a cat found a hat.", chat=False)
+    decoder.target.warm(len(ids) + RESERVE, (1,))
+    counters.clear()
+    decoder.generate(ids, 8, GREEDY)
+    assert not counters["stats"].get("unique_graphs"), dict(counters["stats"])

@@ -139,6 +139,10 @@ class CachedModel:
         try:
             self._tokens, self._tree = [], None
             self._cache = self.compiled.new_cache(needed)
+            # An eager pass first, as a prompt is: graphs traced over an empty cache (its tensors
+            # not yet allocated) fail their guards once a prompt has filled it, and recompile.
+            self.forward([0] * (PASS_SIZES[-1] + 1))
+            self.crop(0)
             for size in sizes:
                 self.forward([0] * size)
                 self.crop(0)
