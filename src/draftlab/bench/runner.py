@@ -263,7 +263,7 @@ def warm_compiled(variants: list[Variant], examples: list[Example], max_new_toke
     """Compile, untimed, every static-cache length the suite's prompts can need (models/compiled.py),
     so that no timed generation pays for a compile. A later turn's prompt holds the earlier turns
     and answers, bounded here by their texts plus `max_new_tokens` per answer."""
-    from draftlab.models.compiled import PASS_SIZES, RESERVE, static_length  # noqa: PLC0415
+    from draftlab.models.compiled import RESERVE, static_length  # noqa: PLC0415
 
     for variant in variants:
         target = getattr(variant.decoder, "target", None)
@@ -277,10 +277,9 @@ def warm_compiled(variants: list[Variant], examples: list[Example], max_new_toke
             lengths.add(static_length(first + RESERVE))
             lengths.add(static_length(most + RESERVE))
         buckets = sorted(lengths)
-        sizes = PASS_SIZES if variant.config.spec.speculative else (1,)
         length = buckets[0]
         while length <= buckets[-1]:
-            target.warm(length, sizes)
+            target.warm(length, variant.config.compiled_passes)
             length *= 2
 
 

@@ -160,13 +160,6 @@ def compile_seconds(target: LoadedModel) -> dict[str, float]:
     return {f"{length}:{size}": round(t, 1) for (length, size), t in seconds.items()}
 
 
-def compiled_pass_sizes(config: DecoderConfig) -> tuple[int, ...]:
-    """The compiled passes a method uses: plain steps only for ar, verification passes too otherwise."""
-    from draftlab.models.compiled import PASS_SIZES  # noqa: PLC0415
-
-    return PASS_SIZES if config.spec.speculative else (1,)
-
-
 def sampling_from(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 

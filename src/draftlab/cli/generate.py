@@ -16,7 +16,6 @@ from draftlab.cli.common import (
     add_method_args,
     add_model_args,
     compile_seconds,
-    compiled_pass_sizes,
     cost_model,
     decoder_config,
     load_head,
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     compiled = None
     if config.compile:
         # Untimed: every pass this method takes over this prompt's static cache compiles first.
-        decoder.target.warm(len(ids) + RESERVE, compiled_pass_sizes(config))
+        decoder.target.warm(len(ids) + RESERVE, config.compiled_passes)
         compiled = compile_seconds(target)
         seconds = ", ".join(f"{s:.1f} s ({n} cache:pass tokens)" for n, s in compiled.items())
         Console(stderr=True).print(f"[dim]compiled in {seconds}[/]")

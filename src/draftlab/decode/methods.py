@@ -88,6 +88,13 @@ class DecoderConfig:
         return self.spec.needs_draft or self.spec.needs_head
 
     @property
+    def compiled_passes(self) -> tuple[int, ...]:
+        """With --compile, the pass sizes to compile: plain steps for ar, verification passes too."""
+        from draftlab.models.compiled import PASS_SIZES
+
+        return PASS_SIZES if self.spec.speculative else (1,)
+
+    @property
     def adaptive(self) -> bool:
         """Whether rounds are sized from the cost curve (the method supports it and k is not fixed)."""
         return self.spec.cost_aware and not self.fixed_k

@@ -26,7 +26,7 @@ class CachedModel:
         self.model = lm.model
         self.device = lm.device
         self.use_cache = use_cache
-        # One-token passes through torch.compile over a static cache (models/compiled.py).
+        # Passes of up to 8 tokens through torch.compile over a static cache (models/compiled.py).
         self.compiled = compiled_steps(self.model) if compiled else None
         if compiled and (not use_cache or lm.is_encoder_decoder):
             raise DraftlabError("--compile needs a decoder-only target with its KV cache on")
