@@ -85,6 +85,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--text", action="append", help="plain-text file for instructions and raw text; repeatable"
     )
     d.add_argument("--corpus-prompts", type=_count, default=240, help="instructions built on --text passages")
+    d.add_argument(
+        "--synth-prompts",
+        type=_count,
+        default=0,
+        help="chat prompts of the benchmark's eight kinds composed from templates and --text passages",
+    )
     d.add_argument("--raw-chunks", type=_count, default=32, help="raw --text chunks scored by the target")
     d.add_argument("--raw-chars", type=_positive_int, default=1200, help="characters per raw chunk")
     d.add_argument(
@@ -99,6 +105,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=_nonneg_float,
         default=None,
         help="stop generating data after this many minutes and train on what is on disk (0: no generation)",
+    )
+    d.add_argument(
+        "--gen-dtype",
+        choices=["auto", "bfloat16", "float32", "float16"],
+        default="auto",
+        help="dtype the target answers in (auto: bfloat16 for a head on a CPU with native bfloat16, "
+        "where batched answers come 2-3x faster; otherwise --target-dtype)",
     )
     d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
 
@@ -125,8 +138,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument(
         "--init-from",
         default=None,
-        help="start from an existing draft (folder or registry name, e.g. smollm2-135m-draft); "
-        "its shape overrides the options below",
+        help="start from an existing draft or, with --head, head (folder or registry name, e.g. "
+        "smollm2-135m-draft, smollm2-135m-eagle3); its shape overrides the options below",
     )
     m.add_argument("--hidden-size", type=_positive_int, default=192)
     m.add_argument("--layers", type=_positive_int, default=4)

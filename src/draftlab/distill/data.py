@@ -39,6 +39,11 @@ class Job:
     text: str = ""  # raw text jobs only
 
 
+def prompt_keys(jobs: list[Job]) -> dict[str, str]:
+    """Each job's key -> a name of its prompt alone, shared by its greedy and sampled answers."""
+    return {j.key: _hash(j.source, j.turns) if j.turns else j.key for j in jobs}
+
+
 def _hash(*parts: object) -> str:
     h = hashlib.sha1()
     for part in parts:
@@ -89,19 +94,19 @@ def read_text_file(path: Path) -> str:
     return text
 
 
-def _passages(text: str) -> list[str]:
+def passages(text: str) -> list[str]:
     """Paragraph-like passages: blank-line separated blocks, long ones cut near 900 characters."""
     blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
-    passages: list[str] = []
+    out: list[str] = []
     current = ""
     for block in blocks:
         current = f"{current}\n\n{block}" if current else block
         if len(current) >= 300:
-            passages.append(current[:900])
+            out.append(current[:900])
             current = ""
     if current:
-        passages.append(current[:900])
-    return passages
+        out.append(current[:900])
+    return out
 
 
 _INSTRUCTIONS = [
@@ -123,7 +128,7 @@ def corpus_instruction_items(texts: list[str], count: int, seed: int) -> list[tu
     if count <= 0 or not texts:
         return []
     rng = random.Random(seed)
-    pools = [_passages(t) for t in texts]
+    pools = [passages(t) for t in texts]
     pools = [p for p in pools if p]
     items = []
     for i in range(count):
@@ -155,10 +160,11 @@ def build_jobs(
     samples_per_prompt: int,
     temperature: float,
     seed: int,
+    synth_items: list[tuple[str, list[str]]] | None = None,
 ) -> list[Job]:
     """One greedy response per prompt plus `samples_per_prompt` sampled ones, and the raw chunks."""
     jobs: list[Job] = []
-    for source, items in (("prompts", prompt_items), ("corpus", corpus_items)):
+    for source, items in (("prompts", prompt_items), ("corpus", corpus_items), ("synth", synth_items or [])):
         for category, turns in items:
             jobs.append(Job(_hash(source, turns, 0.0, 0), source, category, turns, 0.0, 0))
             for s in range(samples_per_prompt):

@@ -27,7 +27,7 @@ from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.eagle_head import Eagle3Head, default_aux_layers, head_for_target
 from draftlab.models.eagle_io import load_head, save_head
-from draftlab.models.loading import LoadedModel, ModelSpec, load_model
+from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
 
 CHECKPOINT = "head-checkpoint.pt"
 HELD_OUT_SHARE = 0.05  # of the answers to prompt-file prompts, by key: never trained on
@@ -42,11 +42,15 @@ class HeadOptions:
     save_every: int
 
 
-def held_out(record: dict, any_source: bool = False) -> bool:
-    """5% of the answers to prompt-file prompts (of any sequence where there are none), by key."""
+def held_out(record: dict, any_source: bool = False, prompt_of: dict[str, str] | None = None) -> bool:
+    """The answers to 5% of the prompt-file prompts (of any sequence where there are none).
+
+    Drawn by prompt (`prompt_of`: job key -> prompt name), so that no sampled answer to a held-out
+    prompt is trained on; a key whose job is not among this run's falls back to its own name."""
     if record["source"] != "prompts" and not any_source:
         return False
-    digest = int(hashlib.sha1(record["key"].encode()).hexdigest()[:8], 16)
+    name = (prompt_of or {}).get(record["key"], record["key"])
+    digest = int(hashlib.sha1(name.encode()).hexdigest()[:8], 16)
     return digest / 0xFFFFFFFF < HELD_OUT_SHARE
 
 
@@ -73,7 +77,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
     if data.gen_minutes is None and deadline is not None:
         cfg = replace(cfg, data=replace(data, gen_minutes=opts.time_budget_s / 120))
     before = D.data_stats(cfg.data_dir) if cfg.data_dir.exists() else {}
-    jobs_left, gen_seconds = generate_data(cfg, target, inputs.jobs)
+    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs.jobs, labels_from_answers=False)
     after = D.data_stats(cfg.data_dir)
     new_tokens = sum(after.get("response_tokens", {}).values()) - sum(
         before.get("response_tokens", {}).values()
@@ -101,8 +105,9 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
     feature_seconds = time.time() - t0
     featured = F.load(feature_dir, records)
     any_source = not any(r["source"] == "prompts" for r in featured)
-    train_records = [r for r in featured if not held_out(r, any_source)]
-    test_records = [r for r in featured if held_out(r, any_source)]
+    prompt_of = D.prompt_keys(inputs.jobs)
+    train_records = [r for r in featured if not held_out(r, any_source, prompt_of)]
+    test_records = [r for r in featured if held_out(r, any_source, prompt_of)]
 
     # (3) the head
     lm_full = target.model.get_output_embeddings().weight.detach().float().cpu()
@@ -112,6 +117,17 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
         head.float()
         start_step, optimizer_state = int(checkpoint["step"]), checkpoint["optimizer"]
         train_seconds = float(checkpoint.get("train_seconds", 0.0))
+    elif cfg.init_from:
+        # Continue from an existing head (e.g. the shipped one) when the work folder is gone: its
+        # layers and draft vocabulary are kept; the optimizer and schedule start afresh.
+        head = load_head(resolve_path(cfg.init_from), target.model.config, embedding)
+        head.float()
+        if tuple(head.aux_layers) != tuple(aux_layers):
+            raise DraftlabError(
+                f"--init-from '{cfg.init_from}' reads target layers {list(head.aux_layers)}, "
+                f"not {list(aux_layers)}"
+            )
+        start_step, optimizer_state, train_seconds = 0, None, 0.0
     else:
         vocab = F.draft_vocabulary(
             train_records, opts.draft_vocab, set(target.eos_token_ids), target.vocab_size
@@ -195,10 +211,12 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
             "generated_response_tokens_this_run": new_tokens,
             "generation_tokens_per_s": round(new_tokens / gen_seconds, 1) if gen_seconds > 1 else None,
             "generation_engine": "draftlab's batched transformers generate",
+            "generation_dtype": gen_dtype,
             "feature_seconds_this_run": round(feature_seconds, 1),
             "train_sequences": len(train_records),
             "held_out_sequences": len(test_records),
         },
+        "init": f"{cfg.init_from} (--init-from)" if cfg.init_from else "a new head (head_for_target)",
         "train_config": asdict(opts.train),
         "trained_steps": step,
         "train_seconds": round(train_seconds, 1),

@@ -16,6 +16,7 @@ import torch
 
 from draftlab.distill import data as D
 from draftlab.distill import train as T
+from draftlab.distill.synth_prompts import synth_prompt_items
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
@@ -44,6 +45,7 @@ class DataConfig:
     prompt_paths: tuple[Path, ...]  # resolved: the packaged prompts unless --prompts/--no-default-prompts
     text_paths: tuple[Path, ...]
     corpus_prompts: int
+    synth_prompts: int
     raw_chunks: int
     raw_chars: int
     samples_per_prompt: int
@@ -52,6 +54,7 @@ class DataConfig:
     top_k: int
     gen_batch_size: int
     gen_minutes: float | None
+    gen_dtype: str  # the dtype the target answers in ("auto": see generation_dtype)
     max_len: int
 
 
@@ -129,6 +132,7 @@ class DistillConfig:
                 prompt_paths=tuple(prompt_paths),
                 text_paths=tuple(Path(p).expanduser() for p in (args.text or [])),
                 corpus_prompts=args.corpus_prompts,
+                synth_prompts=args.synth_prompts,
                 raw_chunks=args.raw_chunks,
                 raw_chars=args.raw_chars,
                 samples_per_prompt=args.samples_per_prompt,
@@ -137,6 +141,7 @@ class DistillConfig:
                 top_k=args.top_k,
                 gen_batch_size=args.gen_batch_size,
                 gen_minutes=args.gen_minutes,
+                gen_dtype=args.gen_dtype,
                 max_len=args.max_len,
             ),
             eval=EvalConfig(
@@ -180,6 +185,7 @@ class Inputs:
     corpus_items: list
     raw_chunks: list
     jobs: list
+    synth_items: list = field(default_factory=list)
 
     def summary(self, data: DataConfig, data_dir: Path) -> dict:
         def described(paths):
@@ -191,6 +197,7 @@ class Inputs:
             "multi_turn_prompts": sum(1 for _, turns in self.prompt_items if len(turns) > 1),
             "text_files": described(data.text_paths),
             "corpus_instructions": len(self.corpus_items),
+            "synthesized_prompts": len(self.synth_items),
             "raw_chunks": len(self.raw_chunks),
             "shards": D.data_stats(data_dir) if data_dir.exists() else {},
         }
@@ -201,11 +208,18 @@ def read_inputs(data: DataConfig, seed: int) -> Inputs:
     prompt_items = [item for p in data.prompt_paths for item in D.read_prompt_file(p)]
     texts = [D.read_text_file(p) for p in data.text_paths]
     corpus_items = D.corpus_instruction_items(texts, data.corpus_prompts, seed)
+    synth_items = synth_prompt_items(texts, data.synth_prompts, seed)
     raw_chunks = D.raw_text_chunks(texts, data.raw_chunks, data.raw_chars, seed)
     jobs = D.build_jobs(
-        prompt_items, corpus_items, raw_chunks, data.samples_per_prompt, data.sample_temperature, seed
+        prompt_items,
+        corpus_items,
+        raw_chunks,
+        data.samples_per_prompt,
+        data.sample_temperature,
+        seed,
+        synth_items,
     )
-    return Inputs(prompt_items, corpus_items, raw_chunks, jobs)
+    return Inputs(prompt_items, corpus_items, raw_chunks, jobs, synth_items)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -235,13 +249,14 @@ def distill(cfg: DistillConfig) -> dict:
         for stale in [cfg.work / T.CHECKPOINT, cfg.out / "train_log.jsonl"]:
             stale.unlink(missing_ok=True)
 
-    jobs_left, gen_seconds = generate_data(cfg, target, inputs.jobs)
+    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs.jobs)
     records = D.load_shards(cfg.data_dir)
     if not records:
         raise DraftlabError("no training data was produced")
     summary = inputs.summary(cfg.data, cfg.data_dir)
     summary["jobs"] = len(inputs.jobs)
     summary["jobs_not_generated"] = jobs_left
+    summary["generation_dtype"] = gen_dtype
     summary["teacher"] = _teacher(cfg, target)
     recipe = Recipe(cfg, summary, gen_seconds)
     draft, state = build_draft(cfg, target, checkpoint)
@@ -258,12 +273,45 @@ def distill(cfg: DistillConfig) -> dict:
     }
 
 
-def generate_data(cfg: DistillConfig, target: LoadedModel, jobs: list) -> tuple[int, float]:
-    """The target answers the prompts; shards already on disk are kept. Returns (jobs left, seconds)."""
+def generation_dtype(
+    choice: str, target_dtype: str, device: str, native_bf16: bool, labels_from_answers: bool
+) -> str:
+    """The dtype the target answers in.
+
+    "auto" answers in bfloat16 on a CPU with native bfloat16, where batched generation runs
+    2.3-2.8x faster than in float32 (226 against 526-727 tokens/s at 32-128 sequences on a Zen5),
+    unless the labels are the log-probs captured while answering (draft distillation): a head's
+    answers are only text to teacher-force, so its labels and features still come from the target
+    in `target_dtype`."""
+    if choice != "auto":
+        return choice
+    if device == "cpu" and target_dtype == "float32" and native_bf16 and not labels_from_answers:
+        return "bfloat16"
+    return target_dtype
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def generate_data(
+    cfg: DistillConfig, target: LoadedModel, jobs: list, labels_from_answers: bool = True
+) -> tuple[int, float, str]:
+    """The target answers the prompts; shards already on disk are kept.
+
+    Returns (jobs left, seconds, the dtype it answered in)."""
     data = cfg.data
     gen_start = time.time()
-    teacher = D.Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
+    dtype = generation_dtype(
+        data.gen_dtype, cfg.target_dtype, cfg.device, cpu_has_native_bf16(), labels_from_answers
+    )
     done = D.done_keys(cfg.data_dir) if cfg.data_dir.exists() else set()
+    if dtype != cfg.target_dtype and any(j.key not in done for j in jobs) and data.gen_minutes != 0:
+        target = load_model(ModelSpec(cfg.target, dtype, cfg.device))
+    teacher = D.Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
     todo = len([j for j in jobs if j.key not in done])
     with _progress(not cfg.quiet) as progress:
         task = progress.add_task("teacher data", total=max(todo, 1), info="") if progress else None
@@ -277,7 +325,7 @@ def generate_data(cfg: DistillConfig, target: LoadedModel, jobs: list) -> tuple[
         target.model.eval()
         deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
         jobs_left = D.generate_data(teacher, jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline)
-    return jobs_left, time.time() - gen_start
+    return jobs_left, time.time() - gen_start, dtype
 
 
 @dataclass
