@@ -207,9 +207,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_head(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
     from draftlab.distill.eagle_pipeline import HeadOptions, distill_head  # noqa: PLC0415
     from draftlab.distill.eagle_train import HeadTrainConfig  # noqa: PLC0415
-    from draftlab.distill.pipeline import DistillConfig  # noqa: PLC0415
+    from draftlab.distill.pipeline import DistillConfig, autocast_enabled  # noqa: PLC0415
 
     train = HeadTrainConfig(
         steps=args.steps,
@@ -221,6 +223,7 @@ def _run_head(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         prompt_weight=args.prompt_weight,
         seed=args.seed,
+        autocast=autocast_enabled(args.autocast, torch.device(args.device)),
     )
     opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
     result = distill_head(DistillConfig.from_args(args), opts)
