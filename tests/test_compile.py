@@ -148,7 +148,9 @@ def test_a_warmed_target_compiles_nothing_while_it_generates(story_model):
 
     decoder = build_decoder(DecoderConfig(method="ar", compile=True), story_model)
     ids = encode_prompt(story_model, "Once upon a time, a cat found a hat.", chat=False)
-    decoder.target.warm(len(ids) + RESERVE, (1,))
+    passes: list[tuple[int, int]] = []
+    decoder.target.warm(len(ids) + RESERVE, (1,), lambda length, size: passes.append((length, size)))
+    assert passes == [(512, 1)], "one progress call per compiled pass"
     counters.clear()
     decoder.generate(ids, 8, GREEDY)
     assert not counters["stats"].get("unique_graphs"), dict(counters["stats"])

@@ -259,12 +259,16 @@ def _warm_up(plan: BenchPlan) -> None:
             variant.decoder.generate(ids, min(plan.max_new_tokens, WARMUP_TOKENS), variant.sampling)
 
 
-def warm_compiled(variants: list[Variant], examples: list[Example], max_new_tokens: int, chat: bool) -> None:
+def warm_compiled(
+    variants: list[Variant], examples: list[Example], max_new_tokens: int, chat: bool, quiet: bool = False
+) -> None:
     """Compile, untimed, every static-cache length the suite's prompts can need (models/compiled.py),
     so that no timed generation pays for a compile. A later turn's prompt holds the earlier turns
-    and answers, bounded here by their texts plus `max_new_tokens` per answer."""
+    and answers, bounded here by their texts plus `max_new_tokens` per answer. A progress line
+    counts the passes, since each compile takes about 45 s on 2 cores."""
     from draftlab.models.compiled import RESERVE, static_length  # noqa: PLC0415
 
+    plan: list[tuple[Variant, list[int]]] = []
     for variant in variants:
         target = getattr(variant.decoder, "target", None)
         if getattr(target, "compiled", None) is None:
@@ -277,10 +281,20 @@ def warm_compiled(variants: list[Variant], examples: list[Example], max_new_toke
             lengths.add(static_length(first + RESERVE))
             lengths.add(static_length(most + RESERVE))
         buckets = sorted(lengths)
-        length = buckets[0]
-        while length <= buckets[-1]:
-            target.warm(length, variant.config.compiled_passes)
-            length *= 2
+        plan.append((variant, [buckets[0] * 2**k for k in range((buckets[-1] // buckets[0]).bit_length())]))
+    total = sum(len(v.config.compiled_passes) * len(lengths) for v, lengths in plan)
+    if not total:
+        return
+    progress = progress_bar("[bold]compile[/]", console=Console(stderr=True, quiet=quiet), disable=quiet)
+    with progress:
+        task = progress.add_task("", total=total)
+
+        def on_pass(length: int, size: int) -> None:
+            progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
+
+        for variant, lengths in plan:
+            for length in lengths:
+                variant.decoder.target.warm(length, variant.config.compiled_passes, on_pass)
 
 
 def to_record(

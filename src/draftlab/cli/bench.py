@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             else f"blocks of {args.vllm_block}"
         )
     if getattr(args, "compile", False):
-        warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat)
+        warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
         extra["compile_s"] = compile_record(variants)
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)

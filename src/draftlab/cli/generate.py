@@ -28,6 +28,7 @@ from draftlab.errors import DraftlabError
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
+from draftlab.progress import progress_bar
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -75,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
     compiled = None
     if config.compile:
         # Untimed: every pass this method takes over this prompt's static cache compiles first.
-        decoder.target.warm(len(ids) + RESERVE, config.compiled_passes)
+        with progress_bar("[bold]compile[/]", console=Console(stderr=True)) as progress:
+            task = progress.add_task("", total=len(config.compiled_passes))
+
+            def on_pass(length: int, size: int) -> None:
+                progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
+
+            decoder.target.warm(len(ids) + RESERVE, config.compiled_passes, on_pass)
         compiled = compile_seconds(target)
         seconds = ", ".join(f"{s:.1f} s ({n} cache:pass tokens)" for n, s in compiled.items())
         Console(stderr=True).print(f"[dim]compiled in {seconds}[/]")
