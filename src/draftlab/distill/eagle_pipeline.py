@@ -30,7 +30,7 @@ from draftlab.models.eagle_io import load_head, save_head
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
 
 CHECKPOINT = "head-checkpoint.pt"
-HELD_OUT_SHARE = 0.05  # of the answers to prompt-file prompts, by key: never trained on
+HELD_OUT_SHARE = 0.05  # of the prompt-file prompts, whose answers are never trained on
 
 
 @dataclass(frozen=True)
