@@ -160,10 +160,7 @@ def autocast_enabled(choice: str, device: torch.device) -> bool:
         return choice == "on"
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    try:  # bf16 autocast pays off on CPUs with native bf16 (AVX512-BF16 / AMX), not elsewhere
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return cpu_has_native_bf16()  # bf16 autocast pays off there (AVX512-BF16 / AMX), not elsewhere
 
 
 @contextmanager
