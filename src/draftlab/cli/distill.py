@@ -91,6 +91,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="chat prompts of the benchmark's eight kinds composed from templates and --text passages",
     )
+    d.add_argument(
+        "--magpie-prompts",
+        type=_count,
+        default=0,
+        help="user requests the target writes itself from its chat template's user header (Magpie), "
+        "each then answered like the others; kept in the work folder",
+    )
     d.add_argument("--raw-chunks", type=_count, default=32, help="raw --text chunks scored by the target")
     d.add_argument("--raw-chars", type=_positive_int, default=1200, help="characters per raw chunk")
     d.add_argument(

@@ -31,7 +31,7 @@ class Job:
     """One sequence to produce: a conversation the target answers, or raw text it only scores."""
 
     key: str
-    source: str  # prompts, corpus or raw
+    source: str  # prompts, corpus, synth, magpie or raw
     category: str
     turns: list[str] = field(default_factory=list)  # user turns; the target answers each in turn
     temperature: float = 0.0  # 0: greedy
@@ -161,10 +161,17 @@ def build_jobs(
     temperature: float,
     seed: int,
     synth_items: list[tuple[str, list[str]]] | None = None,
+    magpie_items: list[tuple[str, list[str]]] | None = None,
 ) -> list[Job]:
     """One greedy response per prompt plus `samples_per_prompt` sampled ones, and the raw chunks."""
     jobs: list[Job] = []
-    for source, items in (("prompts", prompt_items), ("corpus", corpus_items), ("synth", synth_items or [])):
+    sources = (
+        ("prompts", prompt_items),
+        ("corpus", corpus_items),
+        ("synth", synth_items or []),
+        ("magpie", magpie_items or []),
+    )
+    for source, items in sources:
         for category, turns in items:
             jobs.append(Job(_hash(source, turns, 0.0, 0), source, category, turns, 0.0, 0))
             for s in range(samples_per_prompt):

@@ -77,7 +77,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
     if data.gen_minutes is None and deadline is not None:
         cfg = replace(cfg, data=replace(data, gen_minutes=opts.time_budget_s / 120))
     before = D.data_stats(cfg.data_dir) if cfg.data_dir.exists() else {}
-    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs.jobs, labels_from_answers=False)
+    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs, labels_from_answers=False)
     after = D.data_stats(cfg.data_dir)
     new_tokens = sum(after.get("response_tokens", {}).values()) - sum(
         before.get("response_tokens", {}).values()
@@ -206,6 +206,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
         "data": {
             **D.data_stats(cfg.data_dir),
             "jobs": len(inputs.jobs),
+            "magpie_prompts": len(inputs.magpie_items),
             "jobs_not_generated": jobs_left,
             "generation_seconds_this_run": round(gen_seconds, 1),
             "generated_response_tokens_this_run": new_tokens,

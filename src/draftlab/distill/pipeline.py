@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from draftlab.distill import data as D
+from draftlab.distill import magpie
 from draftlab.distill import train as T
 from draftlab.distill.synth_prompts import synth_prompt_items
 from draftlab.errors import DraftlabError
@@ -56,6 +57,7 @@ class DataConfig:
     gen_minutes: float | None
     gen_dtype: str  # the dtype the target answers in ("auto": see generation_dtype)
     max_len: int
+    magpie_prompts: int = 0  # requests the target writes itself (distill/magpie.py)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class DistillConfig:
                 gen_minutes=args.gen_minutes,
                 gen_dtype=args.gen_dtype,
                 max_len=args.max_len,
+                magpie_prompts=args.magpie_prompts,
             ),
             eval=EvalConfig(
                 prompts=eval_prompts if args.eval_per_category > 0 else None,
@@ -183,6 +186,22 @@ class Inputs:
     raw_chunks: list
     jobs: list
     synth_items: list = field(default_factory=list)
+    magpie_items: list = field(default_factory=list)
+
+    def add_magpie(self, prompts: list[str], data: DataConfig, seed: int) -> None:
+        """Jobs for the target's own requests, answered like every other prompt."""
+        self.magpie_items = [("magpie", [p]) for p in prompts]
+        self.jobs.extend(
+            D.build_jobs(
+                [],
+                [],
+                [],
+                data.samples_per_prompt,
+                data.sample_temperature,
+                seed,
+                magpie_items=self.magpie_items,
+            )
+        )
 
     def summary(self, data: DataConfig, data_dir: Path) -> dict:
         def described(paths):
@@ -195,6 +214,7 @@ class Inputs:
             "text_files": described(data.text_paths),
             "corpus_instructions": len(self.corpus_items),
             "synthesized_prompts": len(self.synth_items),
+            "magpie_prompts": len(self.magpie_items),
             "raw_chunks": len(self.raw_chunks),
             "shards": D.data_stats(data_dir) if data_dir.exists() else {},
         }
@@ -234,7 +254,7 @@ def distill(cfg: DistillConfig) -> dict:
     checkpoint = T.load_checkpoint(cfg.work) if not cfg.restart else None
     if cfg.resume and checkpoint is None:
         raise DraftlabError(f"--resume: no checkpoint in '{cfg.work}'")
-    if not inputs.jobs and not list(cfg.data_dir.glob("shard-*.pt")):
+    if not inputs.jobs and not cfg.data.magpie_prompts and not list(cfg.data_dir.glob("shard-*.pt")):
         raise DraftlabError("no training data: give --prompts or --text files (or keep the default prompts)")
 
     target = load_model(ModelSpec(cfg.target, cfg.target_dtype, cfg.device))
@@ -246,7 +266,7 @@ def distill(cfg: DistillConfig) -> dict:
         for stale in [cfg.work / T.CHECKPOINT, cfg.out / "train_log.jsonl"]:
             stale.unlink(missing_ok=True)
 
-    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs.jobs)
+    jobs_left, gen_seconds, gen_dtype = generate_data(cfg, target, inputs)
     records = D.load_shards(cfg.data_dir)
     if not records:
         raise DraftlabError("no training data was produced")
@@ -295,22 +315,56 @@ def cpu_has_native_bf16() -> bool:
 
 
 def generate_data(
-    cfg: DistillConfig, target: LoadedModel, jobs: list, labels_from_answers: bool = True
+    cfg: DistillConfig, target: LoadedModel, inputs: Inputs, labels_from_answers: bool = True
 ) -> tuple[int, float, str]:
-    """The target answers the prompts; shards already on disk are kept.
+    """The target writes its own requests if asked (--magpie-prompts), then answers every prompt;
+    requests and shards already on disk are kept.
 
     Returns (jobs left, seconds, the dtype it answered in)."""
     data = cfg.data
     gen_start = time.time()
+    deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
     dtype = generation_dtype(
         data.gen_dtype, cfg.target_dtype, cfg.device, cpu_has_native_bf16(), labels_from_answers
     )
     done = D.done_keys(cfg.data_dir) if cfg.data_dir.exists() else set()
-    if dtype != cfg.target_dtype and any(j.key not in done for j in jobs) and data.gen_minutes != 0:
+    on_disk = magpie.read_prompts(cfg.data_dir)
+    generating = data.gen_minutes != 0
+    more_requests = generating and len(on_disk) < data.magpie_prompts
+    if (
+        dtype != cfg.target_dtype
+        and generating
+        and (more_requests or any(j.key not in done for j in inputs.jobs))
+    ):
         target = load_model(ModelSpec(cfg.target, dtype, cfg.device))
-    teacher = D.Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
-    todo = len([j for j in jobs if j.key not in done])
+    target.model.eval()
     with _progress(not cfg.quiet) as progress:
+        if more_requests:
+            task = (
+                progress.add_task("magpie prompts", total=data.magpie_prompts, info="") if progress else None
+            )
+            if progress:
+                progress.update(task, advance=len(on_disk))
+
+            def on_requests(n: int) -> None:
+                if progress:
+                    progress.update(task, advance=n)
+
+            on_disk = magpie.write_prompts(
+                target.model,
+                target.tokenizer,
+                cfg.data_dir,
+                data.magpie_prompts,
+                cfg.seed,
+                data.gen_batch_size,
+                deadline=deadline,
+                on_batch=on_requests,
+            )
+        if data.magpie_prompts:
+            inputs.add_magpie(on_disk[: data.magpie_prompts], data, cfg.seed)
+
+        teacher = D.Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
+        todo = len([j for j in inputs.jobs if j.key not in done])
         task = progress.add_task("teacher data", total=max(todo, 1), info="") if progress else None
         tokens = [0]
 
@@ -319,9 +373,9 @@ def generate_data(
             if progress:
                 progress.update(task, advance=n, info=f"{tokens[0]} tokens")
 
-        target.model.eval()
-        deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
-        jobs_left = D.generate_data(teacher, jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline)
+        jobs_left = D.generate_data(
+            teacher, inputs.jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline
+        )
     return jobs_left, time.time() - gen_start, dtype
 
 
