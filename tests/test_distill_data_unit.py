@@ -1,11 +1,13 @@
-"""Unit tests of the distillation data's choices: the answer dtype, synthesized prompts, and the
-held-out split, which must keep every answer to a held-out prompt out of training."""
+"""Unit tests of distillation's choices: the answer dtype, synthesized prompts, the learning-rate
+schedule under a time budget, and the held-out split, which must keep every answer to a held-out
+prompt out of training."""
 
 from __future__ import annotations
 
 import pytest
 
 from draftlab.distill import data as D
+from draftlab.distill import eagle_train as E
 from draftlab.distill.eagle_pipeline import held_out
 from draftlab.distill.pipeline import generation_dtype
 from draftlab.distill.synth_prompts import KINDS, synth_prompt_items
@@ -72,3 +74,19 @@ def test_all_answers_to_a_held_out_prompt_are_held_out_together():
     assert any(split)
     # Other sources are never held out while prompt-file answers exist.
     assert not held_out({"key": jobs[0].key, "source": "synth"}, prompt_of=prompt_of)
+
+
+def test_a_time_budget_runs_the_learning_rate_schedule_to_its_end():
+    config = E.HeadTrainConfig(steps=2000, lr=1e-3, warmup=10)
+    # Step 700 of 2,000 with the budget nearly spent: the schedule follows the clock, not the steps.
+    late = E.schedule_progress(700, 2000, 0.0, elapsed=1790, span=1800)
+    assert late == pytest.approx(1790 / 1800)
+    assert E.learning_rate(config, 700, late) < 0.11 * config.lr
+    # Without a budget, or with time to spare, the steps lead.
+    assert E.schedule_progress(700, 2000, 0.0, elapsed=10, span=None) == 0.35
+    assert E.schedule_progress(700, 2000, 0.0, elapsed=10, span=1800) == 0.35
+    # A resumed run starts where the last one left the schedule, never earlier.
+    assert E.schedule_progress(10, 2000, 0.8, elapsed=0, span=600) == 0.8
+    assert E.learning_rate(config, 0, 0.0) == pytest.approx(config.lr / 10)  # warm-up
+    assert E.learning_rate(config, 50, 0.0) == pytest.approx(config.lr)
+    assert E.learning_rate(config, 50, 1.0) == pytest.approx(config.lr / 10)

@@ -182,6 +182,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
                 on_step,
                 on_save,
                 opts.save_every,
+                start_progress=float(last.get("progress", 0.0)),
             )
     train_seconds += time.time() - t_train
 

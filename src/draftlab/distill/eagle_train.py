@@ -166,6 +166,20 @@ def vocab_maps(head: Eagle3Head, lm_full: torch.Tensor) -> tuple[torch.Tensor, t
     return lm_full[ids].float(), target_to_draft
 
 
+def schedule_progress(step: int, steps: int, start: float, elapsed: float, span: float | None) -> float:
+    """How far the cosine schedule has run, in [0, 1]: by steps, or by the time budget where that
+    ends training first (else a budget that stops at step 700 of 2,000 leaves the rate near its
+    peak), and never back before where a resumed run left it."""
+    by_time = elapsed / span if span else 0.0
+    return min(1.0, max(step / max(steps, 1), start, by_time))
+
+
+def learning_rate(config: HeadTrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up, then a cosine from `lr` down to a tenth of it."""
+    warm = min(1.0, (step + 1) / max(config.warmup, 1))
+    return config.lr * warm * (0.5 * (1 + math.cos(math.pi * progress)) * 0.9 + 0.1)
+
+
 def train(
     head: Eagle3Head,
     records: list[dict],
@@ -177,8 +191,11 @@ def train(
     on_step: Callable[[int, dict], None] | None = None,
     on_save: Callable[[int, dict], None] | None = None,
     save_every: int = 50,
+    start_progress: float = 0.0,
 ) -> int:
-    """Train from `start_step` until config.steps or the deadline; returns the last step done."""
+    """Train from `start_step` until config.steps or the deadline; returns the last step done.
+
+    Each step's metrics carry the schedule's `progress`, for a resumed run's `start_progress`."""
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -189,13 +206,15 @@ def train(
     rng = random.Random(config.seed + start_step)
     queue: list[list[dict]] = []
     step = start_step
+    t0 = time.time()
+    span = deadline - t0 if deadline is not None else None
     while step < config.steps and (deadline is None or time.time() < deadline):
         if not queue:
             queue = batches(records, config.batch_tokens, config.max_len, rng)
         group = queue.pop()
         batch = make_batch(group, lm_rows, target_to_draft, lm_full, config.prompt_weight, config.max_len)
-        lr = config.lr * min(1.0, (step + 1) / max(config.warmup, 1))
-        lr *= 0.5 * (1 + math.cos(math.pi * min(step / max(config.steps, 1), 1.0))) * 0.9 + 0.1
+        progress = schedule_progress(step, config.steps, start_progress, time.time() - t0, span)
+        lr = learning_rate(config, step, progress)
         for group_ in optimizer.param_groups:
             group_["lr"] = lr
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast):
@@ -206,6 +225,7 @@ def train(
         optimizer.step()
         step += 1
         metrics["lr"] = lr
+        metrics["progress"] = progress
         if on_step:
             on_step(step, metrics)
         if on_save and (step % save_every == 0 or step == config.steps):
