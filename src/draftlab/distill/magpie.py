@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from draftlab.errors import DraftlabError
 
@@ -26,6 +27,24 @@ FILE = "magpie_prompts.jsonl"
 SENTINEL = "\x00draftlab-user-turn\x00"
 TEMPERATURE = 1.0  # Magpie samples the request at temperature 1, top-p 1
 MIN_CHARS = 12  # shorter "requests" are fragments ("Hi", "?")
+# A batch stops once this share of its rows has closed its turn; the rest count as cut off. At
+# temperature 1 about a quarter of SmolLM2-135M's requests run past 128 tokens, and waiting for
+# them tripled the cost of a batch (64 rows: 49 closed in 23 s; 70% closed after about 50 tokens).
+# The price is fewer long requests.
+CLOSED_SHARE = 0.7
+
+
+class _MostClosed(StoppingCriteria):
+    """Stops the batch once CLOSED_SHARE of its rows have written an end-of-turn token."""
+
+    def __init__(self, ends: list[int], start: int) -> None:
+        self.ends = torch.tensor(ends)
+        self.start = start
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        closed = torch.isin(input_ids[:, self.start :], self.ends.to(input_ids.device)).any(dim=-1)
+        done = closed.float().mean() >= CLOSED_SHARE
+        return torch.full((input_ids.shape[0],), bool(done), dtype=torch.bool, device=input_ids.device)
 
 
 def user_turn_prefix(tokenizer) -> tuple[list[int], list[int]]:
@@ -108,6 +127,7 @@ def write_prompts(
             max_new_tokens=max_new_tokens,
             eos_token_id=ends,
             pad_token_id=pad,
+            stopping_criteria=StoppingCriteriaList([_MostClosed(ends, len(prefix))]),
         )
         attempts += batch_size
         new = []
