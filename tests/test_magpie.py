@@ -68,6 +68,8 @@ def test_distill_answers_the_targets_own_requests(target, tmp_path, capsys):
     capsys.readouterr()
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["data"]["magpie_prompts"] == 6
+    assert recipe["data"]["magpie_seconds_this_run"] > 0
+    assert "Magpie requests written by the target: 6" in (out / "README.md").read_text()
     assert recipe["data"]["sequences"] == {"magpie": 12}, "a greedy and a sampled answer to each request"
     assert len(magpie.read_prompts(work / "data")) == 6
 

@@ -208,6 +208,7 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
             **D.data_stats(cfg.data_dir),
             "jobs": len(inputs.jobs),
             "magpie_prompts": len(inputs.magpie_items),
+            "magpie_seconds_this_run": round(inputs.magpie_seconds, 1),
             "jobs_not_generated": jobs_left,
             "generation_seconds_this_run": round(gen_seconds, 1),
             "generated_response_tokens_this_run": new_tokens,
@@ -294,6 +295,11 @@ def _readme(r: dict) -> str:
         f"- training: {r['trained_steps']} steps of ~{t['batch_tokens']} tokens, {t['ttt_steps']} "
         f"training-time-test steps, lr {t['lr']}, {r['train_seconds']:.0f} s in all",
     ]
+    if d.get("magpie_prompts"):
+        lines.append(
+            f"- Magpie requests written by the target: {d['magpie_prompts']} "
+            f"({d.get('magpie_seconds_this_run', 0)} s this run)"
+        )
     if h.get("first_token_top1") is not None:
         lines.append(
             f"- held-out answers ({h['positions']} positions): first-token top-1 {h['first_token_top1']:.3f}, "

@@ -187,6 +187,7 @@ class Inputs:
     jobs: list
     synth_items: list = field(default_factory=list)
     magpie_items: list = field(default_factory=list)
+    magpie_seconds: float = 0.0  # writing new requests this run (not counted as answering)
 
     def add_magpie(self, prompts: list[str], data: DataConfig, seed: int) -> None:
         """Jobs for the target's own requests, answered like every other prompt."""
@@ -215,6 +216,7 @@ class Inputs:
             "corpus_instructions": len(self.corpus_items),
             "synthesized_prompts": len(self.synth_items),
             "magpie_prompts": len(self.magpie_items),
+            "magpie_seconds_this_run": round(self.magpie_seconds, 1),
             "raw_chunks": len(self.raw_chunks),
             "shards": D.data_stats(data_dir) if data_dir.exists() else {},
         }
@@ -320,7 +322,8 @@ def generate_data(
     """The target writes its own requests if asked (--magpie-prompts), then answers every prompt;
     requests and shards already on disk are kept.
 
-    Returns (jobs left, seconds, the dtype it answered in)."""
+    Returns (jobs left, seconds spent answering, the dtype it answered in); the seconds spent
+    writing requests go to `inputs.magpie_seconds`."""
     data = cfg.data
     gen_start = time.time()
     deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
@@ -350,6 +353,7 @@ def generate_data(
                 if progress:
                     progress.update(task, advance=n)
 
+            t0 = time.time()
             on_disk = magpie.write_prompts(
                 target.model,
                 target.tokenizer,
@@ -360,6 +364,7 @@ def generate_data(
                 deadline=deadline,
                 on_batch=on_requests,
             )
+            inputs.magpie_seconds = time.time() - t0
         if data.magpie_prompts:
             inputs.add_magpie(on_disk[: data.magpie_prompts], data, cfg.seed)
 
@@ -376,7 +381,7 @@ def generate_data(
         jobs_left = D.generate_data(
             teacher, inputs.jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline
         )
-    return jobs_left, time.time() - gen_start, dtype
+    return jobs_left, time.time() - gen_start - inputs.magpie_seconds, dtype
 
 
 @dataclass
