@@ -6,6 +6,7 @@ decoding's tokens up to a near-tie, and its logits must agree within the dtype's
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -17,11 +18,23 @@ from transformers import DynamicCache, StaticCache
 
 from draftlab.bench.records import read_records
 from draftlab.cli import main
+from draftlab.cli.common import cost_model
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.errors import DraftlabError
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import PASS_SIZES, RESERVE, capacity, compiled_steps, static_length
+from draftlab.models.profile import (
+    QUICK_SIZES,
+    CostCurve,
+    Profile,
+    fingerprint,
+    measure,
+    profile_path,
+    profile_points,
+    save,
+    verify_slope,
+)
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -154,3 +167,33 @@ def test_a_warmed_target_compiles_nothing_while_it_generates(story_model):
     counters.clear()
     decoder.generate(ids, 8, GREEDY)
     assert not counters["stats"].get("unique_graphs"), dict(counters["stats"])
+
+
+def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp_path, monkeypatch):
+    """Synthetic profiles: the compiled curve (a 1-token pass at 5 ms, 8 tokens at 20 ms) and the
+    eager one (30 ms and 33 ms) lead to other round sizes; `--compile` must read its own."""
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    curves = {
+        False: CostCurve([1, 2, 4, 8], [64, 256], [[30.0, 30.5, 31.0, 33.0]] * 2),
+        True: CostCurve([1, 2, 4, 8], [64, 256], [[5.0, 8.0, 12.0, 20.0]] * 2),
+    }
+    for compiled, curve in curves.items():
+        save(lm, Profile(fingerprint(lm, compiled), curve, 1, 0.0, "2026-11-26T00:00:00"))
+    assert profile_path(lm, compiled=True) != profile_path(lm)
+    args = argparse.Namespace()
+    assert cost_model(args, lm, None).target.ms == curves[False].ms
+    assert cost_model(args, lm, None, compiled=True).target.ms == curves[True].ms
+    # What the two curves decide: verifying 4 drafts costs 1.03x a plain step eager, 2.4x compiled.
+    assert verify_slope(curves[False], 4, 64) < 1.1 < 2 < verify_slope(curves[True], 4, 64)
+
+
+def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(story_model):
+    # One compiled size here (a graph compiles in tens of seconds on 2 cores); the profile's own
+    # points are below.
+    curve = measure(story_model, sizes=(1,), contexts=[64], prefill_lengths=[16], repeats=1, compiled=True)
+    assert compiled_steps(story_model.model).compile_seconds, "the pass was compiled"
+    # A compile takes seconds; a timed pass of this 260K-parameter model, milliseconds.
+    assert curve.ms[0][0] < 500, curve.ms
+    assert profile_points(2048, True, compiled=True) == (PASS_SIZES, [64, 256], [16, 64, 256])
+    assert profile_points(2048, True, compiled=False)[0] == QUICK_SIZES

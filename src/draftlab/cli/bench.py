@@ -269,7 +269,8 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             if not config.spec.compilable:
                 continue
             config = dataclasses.replace(config, compile=True)
-            cost = priced(draft)[0] if config.adaptive else None
+            second = draft if config.needs_draft else None
+            cost = cost_model(args, target, second, compiled=True) if config.adaptive else None
             params = variant_params(args, config)
             variants.append(Variant(f"{m} compiled", config, target, draft, sampling, params, cost))
     return variants

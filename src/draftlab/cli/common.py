@@ -204,13 +204,18 @@ def _status(message: str) -> None:
     Console(stderr=True).print(f"[dim]{message}[/]")
 
 
-def machine_profile(lm: LoadedModel) -> Profile:
-    """The model's cost profile on this machine, measured once and then read from the cache."""
-    cached = load_cached(lm)
+def machine_profile(lm: LoadedModel, compiled: bool = False) -> Profile:
+    """The model's cost profile on this machine, measured once and then read from the cache.
+
+    `compiled`: its compiled passes' profile (compiling them, untimed, if this process has not)."""
+    cached = load_cached(lm, compiled)
     if cached is not None:
         return cached
-    _status(f"profiling {lm.spec.name} ({lm.spec.dtype}) on this machine, once: cached in {profile_dir()}")
-    return load_or_measure(lm)[0]
+    kind = ", compiled passes" if compiled else ""
+    _status(
+        f"profiling {lm.spec.name} ({lm.spec.dtype}{kind}) on this machine, once: cached in {profile_dir()}"
+    )
+    return load_or_measure(lm, compiled=compiled)[0]
 
 
 def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> str:
@@ -257,11 +262,16 @@ def load_role(args: argparse.Namespace, name: str, role: str, attn: str | None =
     return load_spec(role_spec(args, name, role, attn))
 
 
-def cost_model(args: argparse.Namespace, target: LoadedModel, draft: LoadedModel | None) -> CostModel | None:
-    """The machine's cost model for this pair, or None when rounds are not sized from it."""
+def cost_model(
+    args: argparse.Namespace, target: LoadedModel, draft: LoadedModel | None, compiled: bool = False
+) -> CostModel | None:
+    """The machine's cost model for this pair, or None when rounds are not sized from it.
+
+    `compiled`: the target runs its compiled passes (--compile), which cost otherwise than eager
+    ones; the draft stays eager."""
     if getattr(args, "fixed_k", False):
         return None
-    return CostModel(machine_profile(target).curve, machine_profile(draft).curve if draft else None)
+    return CostModel(machine_profile(target, compiled).curve, machine_profile(draft).curve if draft else None)
 
 
 def load_draft(

@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     ids = encode_prompt(target, prompt, chat=args.chat)
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
     # On llama.cpp the target's curve is llama.cpp's own (`draftlab profile --engine llamacpp`).
-    cost = cost_model(args, target, draft if config.needs_draft else None) if config.adaptive else None
+    # With --compile, the curve of the compiled passes (measured once, compiling them).
+    second = draft if config.needs_draft else None
+    cost = cost_model(args, target, second, compiled=config.compile) if config.adaptive else None
     decoder = build_decoder(config, target, draft, cost)
     compiled = None
     if config.compile:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from draftlab.cli import llamacpp_engine
-from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_model_args, load_spec
+from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_compile_arg, add_model_args, load_spec
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
@@ -41,6 +41,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     llamacpp_engine.add_engine_arg(p)
     p.add_argument("--full", action="store_true", help="N up to 128 and contexts up to the model's limit")
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile fits")
+    add_compile_arg(
+        p,
+        "the target's compiled passes (torch.compile over a static cache, as `bench --compile` runs "
+        "them): passes of 1, 2, 4 and 8 tokens in the first 512-token bucket, compiled first (about "
+        "45 s each on 2 cores), cached as a profile of its own",
+    )
     p.add_argument("--repeats", type=int, default=3, help="passes per point (the median is kept)")
     p.add_argument("--context", type=int, default=256, help="context length of the break-even table")
     p.add_argument("--max-new-tokens", type=int, default=64, help="decode length for the dtype choice")
@@ -98,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--repeats must be >= 1, got {args.repeats}")
     if args.context < 1:
         raise DraftlabError(f"--context must be >= 1, got {args.context}")
+    if args.compile and args.engine == "llamacpp":
+        raise DraftlabError("--compile is for the hf engine (torch.compile); llama.cpp runs its own kernels")
     console = Console()
     target_name = args.target or DEFAULT_TARGET
     draft_name = args.draft or (DEFAULT_DRAFT if args.target is None else None)
@@ -121,19 +129,20 @@ def run(args: argparse.Namespace) -> int:
         profiles: dict[str, Profile] = {}
         for role, lm in models:
             name = lm.spec.name
-            with console.status(f"profiling {name} ({lm.spec.dtype})"):
+            compiled = args.compile and role == "target"
+            kind = ", compiling its passes first" if compiled else ""
+            with console.status(f"profiling {name} ({lm.spec.dtype}{kind})"):
                 profile, measured = load_or_measure(
-                    lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
+                    lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats, compiled=compiled
                 )
             source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-            engine = " · llama.cpp" if runs_on_llamacpp(lm) else ""
+            engine = " · llama.cpp" if runs_on_llamacpp(lm) else (" · compiled" if compiled else "")
             console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
             profiles[role] = profile
-            results["profiles"][f"{role}/{lm.spec.dtype}"] = json.loads(profile.to_json())
+            key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
+            results["profiles"][key] = json.loads(profile.to_json())
             if device == "cpu":
-                results["bandwidth_limit"][f"{role}/{lm.spec.dtype}"] = _limit(
-                    console, lm, profile, bandwidth
-                )
+                results["bandwidth_limit"][key] = _limit(console, lm, profile, bandwidth)
         curves[dtype] = profiles["target"].curve
         console.print(
             _break_even_table(args.context, profiles["target"], profiles.get("draft"), profiles.get("head"))

@@ -133,15 +133,19 @@ def supported_dtypes(device: torch.device | str) -> list[str]:
     return dtypes
 
 
-def fingerprint(lm: LoadedModel) -> dict:
-    """Everything a cost curve depends on: a profile with another fingerprint is re-measured."""
+def fingerprint(lm: LoadedModel, compiled: bool = False) -> dict:
+    """Everything a cost curve depends on: a profile with another fingerprint is re-measured.
+
+    `compiled`: the target's passes through torch.compile (models/compiled.py), a curve of its own."""
     from draftlab.models.llamacpp import runs_on_llamacpp  # noqa: PLC0415
 
     if runs_on_llamacpp(lm):
         return _llamacpp_fingerprint(lm)
     import transformers
 
+    extra = {"compiled": True} if compiled else {}
     return {
+        **extra,
         "model": lm.spec.name,
         "path": lm.path,
         "parameters": lm.num_parameters,
@@ -269,6 +273,28 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
     return out or [max(min(top - 130, 64), 1)]
 
 
+# Contexts of a compiled profile: both in the first static-cache bucket (512 tokens), where the
+# default suite's generations run. Its graphs attend over the whole bucket, so within a bucket the
+# cost hardly moves with the context; a longer context's bucket would cost four more compiles of
+# about 45 s each on 2 cores, and the curve holds its last value past 256.
+COMPILED_CONTEXTS = (64, 256)
+
+
+def profile_points(
+    limit: int | None, quick: bool, compiled: bool
+) -> tuple[tuple[int, ...], list[int], list[int]]:
+    """(pass sizes, contexts, prefill lengths) a profile measures. Compiled: the compiled pass
+    sizes at COMPILED_CONTEXTS, prefills up to 256 (they run eagerly over the static cache)."""
+    if compiled:
+        from draftlab.models.compiled import PASS_SIZES  # noqa: PLC0415
+
+        contexts = [c for c in COMPILED_CONTEXTS if limit is None or c + 16 <= limit]
+        return PASS_SIZES, contexts or [max(min(limit - 16, 64), 1)], [16, 64, 256]
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    lengths = [16, 64, 256, 1024] if quick else [16, 64, 256, 1024, 2048, 4096]
+    return sizes, default_contexts(limit, quick), lengths
+
+
 def _timed(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -286,9 +312,12 @@ def measure(
     prefill_lengths: Sequence[int] | None = None,
     repeats: int = 3,
     on_step: Callable[[str], None] | None = None,
+    compiled: bool = False,
 ) -> CostCurve:
-    """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly."""
-    runner = cached(lm)
+    """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly.
+
+    `compiled`: through torch.compile over a static cache, every graph compiled before it is timed."""
+    runner = cached(lm, compiled=compiled)
     limit = lm.context_length
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
     if limit is not None:
@@ -307,6 +336,8 @@ def measure(
     for context in contexts:
         if on_step:
             on_step(f"context {context}")
+        if compiled:
+            runner.warm(context + max(sizes) + 1, tuple(sizes))
         runner.start([0])
         runner.forward((start_ids + ids(context))[:context], keep=1)
         _timed(lambda: runner.forward(ids(max(sizes)), keep=max(sizes)), lm.device)  # warm-up
@@ -362,10 +393,11 @@ def profile_dir() -> Path:
     return Path(env).expanduser() if env else home() / "profiles"
 
 
-def profile_path(lm: LoadedModel) -> Path:
-    fp = fingerprint(lm)
+def profile_path(lm: LoadedModel, compiled: bool = False) -> Path:
+    fp = fingerprint(lm, compiled)
     slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
-    return profile_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}.json"
+    kind = "-compiled" if compiled else ""
+    return profile_dir() / f"{slug}-{lm.spec.dtype}{kind}-{fingerprint_key(fp)}.json"
 
 
 def find_cached(name: str, dtype: str, device: str = "cpu") -> Profile | None:
@@ -384,18 +416,18 @@ def find_cached(name: str, dtype: str, device: str = "cpu") -> Profile | None:
     return max(found, key=lambda p: p.measured_at) if found else None
 
 
-def load_cached(lm: LoadedModel) -> Profile | None:
+def load_cached(lm: LoadedModel, compiled: bool = False) -> Profile | None:
     """The cached profile for this model on this machine, or None if absent, stale or foreign."""
-    path = profile_path(lm)
+    path = profile_path(lm, compiled)
     try:
         profile = Profile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return profile if profile.fingerprint == fingerprint(lm) else None
+    return profile if profile.fingerprint == fingerprint(lm, compiled) else None
 
 
 def save(lm: LoadedModel, profile: Profile) -> Path:
-    path = profile_path(lm)
+    path = profile_path(lm, bool(profile.fingerprint.get("compiled")))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, profile.to_json())
     return path
@@ -408,19 +440,25 @@ def load_or_measure(
     refresh: bool = False,
     repeats: int = 3,
     on_step: Callable[[str], None] | None = None,
+    compiled: bool = False,
 ) -> tuple[Profile, bool]:
-    """The model's profile on this machine, and whether it was measured now (False: from the cache)."""
+    """The model's profile on this machine, and whether it was measured now (False: from the cache).
+
+    `compiled`: the curve of the target's compiled passes (the pass sizes that are compiled, at
+    COMPILED_CONTEXTS), for sizing `--compile` runs."""
     if not refresh:
-        cached = load_cached(lm)
-        if cached is not None and (quick or max(cached.curve.sizes) >= max(FULL_SIZES)):
+        cached = load_cached(lm, compiled)
+        if cached is not None and (quick or compiled or max(cached.curve.sizes) >= max(FULL_SIZES)):
             return cached, False
     t0 = time.perf_counter()
-    sizes = QUICK_SIZES if quick else FULL_SIZES
-    contexts = default_contexts(lm.context_length, quick)
-    lengths = [16, 64, 256, 1024] if quick else [16, 64, 256, 1024, 2048, 4096]
-    curve = measure(lm, sizes, contexts, lengths, repeats=repeats, on_step=on_step)
+    sizes, contexts, lengths = profile_points(lm.context_length, quick, compiled)
+    curve = measure(lm, sizes, contexts, lengths, repeats=repeats, on_step=on_step, compiled=compiled)
     profile = Profile(
-        fingerprint(lm), curve, repeats, time.perf_counter() - t0, time.strftime("%Y-%m-%dT%H:%M:%S")
+        fingerprint(lm, compiled),
+        curve,
+        repeats,
+        time.perf_counter() - t0,
+        time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     save(lm, profile)
     return profile, True
