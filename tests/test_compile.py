@@ -28,6 +28,7 @@ from draftlab.models.profile import (
     QUICK_SIZES,
     CostCurve,
     Profile,
+    find_cached,
     fingerprint,
     measure,
     profile_path,
@@ -179,8 +180,11 @@ def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp
         True: CostCurve([1, 2, 4, 8], [64, 256], [[5.0, 8.0, 12.0, 20.0]] * 2),
     }
     for compiled, curve in curves.items():
-        save(lm, Profile(fingerprint(lm, compiled), curve, 1, 0.0, "2026-11-26T00:00:00"))
+        measured_at = "2026-11-26T00:00:01" if compiled else "2026-11-26T00:00:00"
+        save(lm, Profile(fingerprint(lm, compiled), curve, 1, 0.0, measured_at))
     assert profile_path(lm, compiled=True) != profile_path(lm)
+    # Predictions beside another engine read the eager profile, even where a compiled one is newer.
+    assert find_cached(lm.spec.name, "float32").curve.ms == curves[False].ms
     args = argparse.Namespace()
     assert cost_model(args, lm, None).target.ms == curves[False].ms
     assert cost_model(args, lm, None, compiled=True).target.ms == curves[True].ms

@@ -344,10 +344,12 @@ def generate_data(
     with _progress(not cfg.quiet) as progress:
         if more_requests:
             task = (
-                progress.add_task("magpie prompts", total=data.magpie_prompts, info="") if progress else None
+                progress.add_task(
+                    "magpie prompts", total=data.magpie_prompts, completed=len(on_disk), info=""
+                )
+                if progress
+                else None
             )
-            if progress:
-                progress.update(task, advance=len(on_disk))
 
             def on_requests(n: int) -> None:
                 if progress:

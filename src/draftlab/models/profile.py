@@ -276,7 +276,7 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
 # Contexts of a compiled profile: both in the first static-cache bucket (512 tokens), where the
 # default suite's generations run. Its graphs attend over the whole bucket, so within a bucket the
 # cost hardly moves with the context; a longer context's bucket would cost four more compiles of
-# about 45 s each on 2 cores, and the curve holds its last value past 256.
+# about 45 s each on 2 cores, and past 256 the curve extends the line through the two points.
 COMPILED_CONTEXTS = (64, 256)
 
 
@@ -411,7 +411,8 @@ def find_cached(name: str, dtype: str, device: str = "cpu") -> Profile | None:
         except (OSError, ValueError, TypeError, KeyError):
             continue
         fp = profile.fingerprint
-        if fp.get("model") == name and fp.get("dtype") == dtype and fp.get("hardware") == want:
+        same = fp.get("model") == name and fp.get("dtype") == dtype and fp.get("hardware") == want
+        if same and not fp.get("compiled"):
             found.append(profile)
     return max(found, key=lambda p: p.measured_at) if found else None
 
