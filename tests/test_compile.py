@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import QUIET, write_suite
 from test_bad_input import cli, one_line
-from tolerance import assert_greedy_equal, logits_tol
+from tolerance import assert_greedy_equal, logits_tol, reduction_length, sum_tol
 from transformers import DynamicCache, StaticCache
 
 from draftlab.bench.records import read_records
@@ -24,6 +24,8 @@ from draftlab.errors import DraftlabError
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import PASS_SIZES, RESERVE, capacity, compiled_steps, static_length
+from draftlab.models.eagle_head import default_aux_layers
+from draftlab.models.eagle_io import load_head_lm, save_head
 from draftlab.models.profile import (
     QUICK_SIZES,
     CostCurve,
@@ -47,6 +49,21 @@ def story_model(stories):
     model = load_model(ModelSpec(str(stories), dtype="float32"))
     model.eos_token_ids = set()  # no early stop: every generation is as long as asked
     return model
+
+
+@pytest.fixture(scope="module")
+def story_head(story_model, tmp_path_factory):
+    """A random EAGLE-3 head for stories260K (its whole vocabulary), saved and loaded as a user's."""
+    from test_eagle import _random_head
+
+    folder = tmp_path_factory.mktemp("story-head") / "head"
+    save_head(
+        _random_head(story_model, torch.arange(story_model.vocab_size)),
+        folder,
+        str(story_model.path),
+        ["LlamaForCausalLM"],
+    )
+    return load_head_lm(str(folder), story_model)
 
 
 def test_static_lengths_come_in_buckets():
@@ -94,6 +111,40 @@ def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
             assert got.stats.accepted > 0 and got.stats.rollbacks > 10
 
 
+def test_compiled_passes_give_the_eager_features(story_model):
+    """An EAGLE head drafts from the hidden states of the target's passes: a compiled pass (padded or
+    not) must hand over the eager pass's features of its real tokens, and only theirs."""
+    layers = default_aux_layers(story_model.model.config.num_hidden_layers)
+    ids = encode_prompt(story_model, "Once upon a time, there was a big red ball.", chat=False)
+    eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
+    for cm in (eager, compiled):
+        cm.start(ids)
+        cm.forward(ids, features=layers)  # the prompt: eager on both
+    token = int(eager.forward([5], features=layers)[-1].argmax())
+    compiled.forward([5], features=layers)
+    for chunk in ([token], [token, 5, 7], [9, 11]):  # one token, padded 3 -> 4, exactly 2
+        a, b = eager.forward(chunk, features=layers), compiled.forward(chunk, features=layers)
+        torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+        assert compiled.features.shape == (len(chunk), len(layers) * story_model.model.config.hidden_size)
+        # Hidden states come from the same chains of sums as the logits, without the LM head's.
+        bound = sum_tol(reduction_length(story_model.model.config), scale=float(eager.features.abs().max()))
+        torch.testing.assert_close(compiled.features, eager.features, atol=bound, rtol=0)
+
+
+def test_compiled_eagle_writes_plain_decodings_tokens(story_model, story_head):
+    """`eagle` under --compile: the target's passes compiled, the head eager on their features."""
+    ids = encode_prompt(story_model, "Once upon a time, there was a little cat named Tom.", chat=False)
+    plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 80, GREEDY)
+    config = DecoderConfig(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
+    decoder = build_decoder(config, story_model, story_head)
+    assert decoder.target.compiled is not None
+    got = decoder.generate(ids, 80, GREEDY)
+    assert got.stats.drafted > 0
+    assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, "compiled eagle")
+    # The head read the compiled target's features for every final token but the last.
+    assert decoder.proposer.draft.known == len(ids) + len(got.tokens) - 1
+
+
 def test_a_static_cache_grows_past_its_bucket(tiny_pair):
     lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
     lm.model.config.max_position_embeddings = 2048  # RoPE runs past the 512 it was made with
@@ -113,7 +164,7 @@ def test_a_static_cache_grows_past_its_bucket(tiny_pair):
 
 
 def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
-    for method in ("pld-tree", "eagle", "hf-assisted"):
+    for method in ("pld-tree", "eagle-tree", "hf-assisted"):
         with pytest.raises(DraftlabError, match=f"--compile runs chain methods .* not '{method}'"):
             DecoderConfig(method=method, compile=True)
     lm = load_model(ModelSpec(str(tiny_pair["t5"][0]), dtype="float32"))
@@ -145,12 +196,16 @@ def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_pa
     capsys.readouterr()
 
 
-def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(story_model):
+def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(story_model, story_head):
     """A verification pass longer than the compiled ones would run eagerly, at 2-3x the cost."""
-    for method, field in (("pld", "pld_tokens"), ("sps", "gamma")):
-        eager = build_decoder(DecoderConfig(method=method, **{field: 10}), story_model, story_model)
+    for method, field, second in (
+        ("pld", "pld_tokens", None),
+        ("sps", "gamma", story_model),
+        ("eagle", "gamma", story_head),
+    ):
+        eager = build_decoder(DecoderConfig(method=method, **{field: 10}), story_model, second)
         compiled = build_decoder(
-            DecoderConfig(method=method, compile=True, **{field: 10}), story_model, story_model
+            DecoderConfig(method=method, compile=True, **{field: 10}), story_model, second
         )
         assert (eager.gamma, compiled.gamma) == (10, PASS_SIZES[-1] - 1), method
 

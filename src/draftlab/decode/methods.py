@@ -75,7 +75,7 @@ class DecoderConfig:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
         if self.compile and not REGISTRY[self.method].compilable:
             raise DraftlabError(
-                f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild), not '{self.method}'"
+                f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild, eagle), not '{self.method}'"
             )
 
     @property
@@ -139,8 +139,9 @@ class MethodSpec:
 
     @property
     def compilable(self) -> bool:
-        """Whether --compile can run it: chains of our own loop, without a head's features."""
-        return not (self.tree or self.needs_head or self.external or self.llamacpp_only)
+        """Whether --compile can run it: chains of our own loop (an EAGLE head's too: the head stays
+        eager and reads the compiled target's features)."""
+        return not (self.tree or self.external or self.llamacpp_only)
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -354,9 +355,10 @@ def _build_eagle(config, target, draft, cost):
     from draftlab.verify.rules import SpeculativeRule
 
     check_fits(config, target)
-    sizer = _sizer(config, cost, config.gamma, free_drafts=False)
+    gamma = _most_drafts(config, config.gamma)
+    sizer = _sizer(config, cost, gamma, free_drafts=False)
     proposer = EagleProposer(_head_model(draft), config.draft_confidence, frozenset(target.eos_token_ids))
-    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), config.gamma, sizer)
+    return SpeculativeDecoder(_target(config, target), proposer, SpeculativeRule(), gamma, sizer)
 
 
 def _build_eagle_tree(config, target, draft, cost):

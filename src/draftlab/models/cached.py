@@ -168,7 +168,7 @@ class CachedModel:
         if "attention_mask" in kwargs:
             raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
         n = feed.shape[1]
-        size = None if "output_hidden_states" in kwargs else pass_size(n)
+        size = pass_size(n)
         needed = len(self._tokens) + (size - n if size else 0)
         if needed > capacity(self._cache):
             self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, needed)
@@ -178,10 +178,15 @@ class CachedModel:
             feed = torch.cat([feed, feed[:, -1:].expand(1, size - n)], dim=1)
         if "logits_to_keep" in kwargs:
             kwargs["logits_to_keep"] = size  # one graph per size: every row, cut below
-        out = self.compiled(input_ids=feed, **kwargs)
+        # Every graph returns the hidden states, asked for or not: an EAGLE head's passes and plain
+        # ones then share one graph per size (a compile is about 45 s), and the compiled profile
+        # prices the graphs that both run.
+        wants_features = kwargs.pop("output_hidden_states", False)
+        out = self.compiled(input_ids=feed, output_hidden_states=True, **kwargs)
         if size > n:
             self._cache.crop(n - size)
-        return SimpleNamespace(logits=out.logits[:, :n])
+        hidden = tuple(h[:, :n] for h in out.hidden_states) if wants_features else None
+        return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: list[int]) -> None:
