@@ -19,12 +19,17 @@ from draftlab.models.loading import (
     load_model,
 )
 from draftlab.models.profile import (
+    FULL_SIZES,
     TIE_BAND,
     Profile,
+    hand_written,
     load_cached,
     load_or_measure,
+    off_band,
     pick_dtype,
     profile_dir,
+    profile_path,
+    spot_ratio,
     supported_dtypes,
     verify_slope,
 )
@@ -204,14 +209,29 @@ def _status(message: str) -> None:
     Console(stderr=True).print(f"[dim]{message}[/]")
 
 
+# Profiles spot-checked in this process (models/profile.py, SPOT_BAND).
+_SPOT_CHECKED: set = set()
+
+
 def machine_profile(lm: LoadedModel, compiled: bool = False) -> Profile:
     """The model's cost profile on this machine, measured once and then read from the cache.
 
     `compiled`: its compiled passes' profile (compiling them, untimed, if this process has not)."""
     cached = load_cached(lm, compiled)
-    if cached is not None:
-        return cached
     kind = ", compiled passes" if compiled else ""
+    if cached is not None:
+        if compiled or hand_written(cached) or (path := profile_path(lm)) in _SPOT_CHECKED:
+            return cached
+        # Once per process, a short plain decode checks that the machine still runs as profiled.
+        ratio = spot_ratio(lm, cached.curve)
+        _SPOT_CHECKED.add(path)
+        if not off_band(ratio):
+            return cached
+        _status(
+            f"{lm.spec.name} ({lm.spec.dtype}) now decodes at {ratio:.2f}× the time its cached profile "
+            f"predicts (measured {cached.measured_at}, under another load?): profiling it again"
+        )
+        return load_or_measure(lm, quick=max(cached.curve.sizes) < max(FULL_SIZES), refresh=True)[0]
     _status(
         f"profiling {lm.spec.name} ({lm.spec.dtype}{kind}) on this machine, once: cached in {profile_dir()}"
     )

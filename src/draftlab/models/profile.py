@@ -364,9 +364,17 @@ def measure(
     return curve
 
 
-def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int, device, limit) -> float:
+def _plain_step_factor(
+    runner: CachedModel,
+    curve: CostCurve,
+    ids,
+    repeats: int,
+    device,
+    limit,
+    prompt: int = 128,
+    steps: int = 16,
+) -> float:
     """Time a short real plain decode (argmax, one token a pass) against the curve's prediction."""
-    prompt, steps = 128, 16
     if limit is not None:
         prompt = max(min(prompt, limit - steps - 1), 1)
     ratios = []
@@ -383,6 +391,39 @@ def _plain_step_factor(runner: CachedModel, curve: CostCurve, ids, repeats: int,
         if predicted > 0:
             ratios.append(elapsed / predicted)
     return statistics.median(ratios) if ratios else 1.0
+
+
+# A cached profile is measured again when a short plain decode now takes more than this factor
+# more or less time than it predicts: it was measured under another load. (A first run of the
+# README's command beside a busy job kept such a profile until `draftlab profile --refresh`, and
+# its curve priced five methods out of every later default run.)
+SPOT_BAND = 1.3
+
+
+def spot_ratio(lm: LoadedModel, curve: CostCurve, repeats: int = 3) -> float:
+    """A plain decode of 8 tokens after a 64-token prompt, timed now, over the curve's prediction
+    (its step factor included): about half a second for the default target."""
+    runner = cached(lm)
+    generator = torch.Generator().manual_seed(1)
+    vocab = min(lm.vocab_size, len(lm.tokenizer))
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+    runner.start([0])
+    runner.forward(ids(16), keep=1)  # the first pass of a process pays for kernel set-up
+    factor = _plain_step_factor(runner, curve, ids, repeats, lm.device, lm.context_length, prompt=64, steps=8)
+    return factor / (curve.step_factor or 1.0)
+
+
+def hand_written(profile: Profile) -> bool:
+    """A profile that took no time to measure was written, not measured (tests pin decisions with
+    such curves, and so can a user): it is used as it is, never spot-checked."""
+    return profile.seconds <= 0
+
+
+def off_band(ratio: float) -> bool:
+    return not 1 / SPOT_BAND <= ratio <= SPOT_BAND
 
 
 def profile_dir() -> Path:
