@@ -210,18 +210,26 @@ def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(s
         assert (eager.gamma, compiled.gamma) == (10, PASS_SIZES[-1] - 1), method
 
 
-def test_a_warmed_target_compiles_nothing_while_it_generates(story_model):
+def test_a_warmed_target_compiles_nothing_while_it_generates(story_model, story_head):
     """The warm-up must leave graphs whose guards hold for a real generation: traced over a cache
-    not yet allocated, they recompiled (45 s) inside `generate --compile`'s timed run."""
+    not yet allocated, they recompiled (45 s) inside `generate --compile`'s timed run. An EAGLE
+    head's passes ask for hidden states, and must run the very graphs plain passes warmed."""
     from torch._dynamo.utils import counters
 
     decoder = build_decoder(DecoderConfig(method="ar", compile=True), story_model)
     ids = encode_prompt(story_model, "Once upon a time, a cat found a hat.", chat=False)
     passes: list[tuple[int, int]] = []
-    decoder.target.warm(len(ids) + RESERVE, (1,), lambda length, size: passes.append((length, size)))
-    assert passes == [(512, 1)], "one progress call per compiled pass"
+    decoder.target.warm(len(ids) + RESERVE, PASS_SIZES, lambda length, size: passes.append((length, size)))
+    assert passes == [(512, n) for n in PASS_SIZES], "one progress call per compiled pass"
     counters.clear()
     decoder.generate(ids, 8, GREEDY)
+    assert not counters["stats"].get("unique_graphs"), dict(counters["stats"])
+    config = DecoderConfig(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
+    eagle = build_decoder(config, story_model, story_head)
+    calls = compiled_steps(story_model.model).calls
+    got = eagle.generate(ids, 12, GREEDY)
+    assert got.stats.drafted > 0
+    assert compiled_steps(story_model.model).calls - calls == got.stats.target_calls - 1, "all but the prompt"
     assert not counters["stats"].get("unique_graphs"), dict(counters["stats"])
 
 

@@ -54,6 +54,7 @@ class CompiledSteps:
     model: torch.nn.Module
     # (bucket, pass size) -> the first call's seconds, compile included
     compile_seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    calls: int = 0  # passes run through the compiled call
 
     def __post_init__(self) -> None:
         # transformers' own switch between eager prefill and compiled decoding (what generate() uses
@@ -107,6 +108,7 @@ class CompiledSteps:
         length = (capacity(cache), int(kwargs["input_ids"].shape[1]))
         # Freezing is read from inductor's global config (as an option it is not honoured): it is
         # set only while this model's graphs run, and so compile.
+        self.calls += 1
         with inductor_config.patch(freezing=True):
             if length in self.compile_seconds:
                 return self._call(cache=cache, **kwargs)
