@@ -196,6 +196,24 @@ def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_pa
     capsys.readouterr()
 
 
+def test_bench_compile_gives_compiled_eagle_its_head(story_model, story_head):
+    """`bench --compile --methods ar,eagle` adds 'eagle compiled' drafting with the head (it once
+    got the draft model and refused to run)."""
+    from draftlab.cli import bench, build_parser
+
+    argv = ["bench", "--target", str(story_model.path), "--head", story_head.path, "--dtype", "float32"]
+    args = build_parser().parse_args([*argv, "--methods", "ar,eagle", "--compile", "--fixed-k"])
+    configs = {m: bench.decoder_config(args, m) for m in ("ar", "eagle")}
+    variants = {
+        v.label: v for v in bench.hf_variants(args, configs, story_model, None, bench.sampling_from(args))
+    }
+    assert {"ar compiled", "eagle compiled"} <= set(variants)
+    for label in ("eagle", "eagle compiled"):
+        head = variants[label].draft
+        assert getattr(head, "is_head", False) and head.path == variants["eagle"].draft.path, label
+    assert variants["eagle compiled"].decoder.target.compiled is not None
+
+
 def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(story_model, story_head):
     """A verification pass longer than the compiled ones would run eagerly, at 2-3x the cost."""
     for method, field, second in (

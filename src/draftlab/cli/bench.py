@@ -269,10 +269,11 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             if not config.spec.compilable:
                 continue
             config = dataclasses.replace(config, compile=True)
-            second = draft if config.needs_draft else None
-            cost = cost_model(args, target, second, compiled=True) if config.adaptive else None
+            second = head if config.spec.needs_head else draft
+            priced_with = second if config.needs_draft else None
+            cost = cost_model(args, target, priced_with, compiled=True) if config.adaptive else None
             params = variant_params(args, config)
-            variants.append(Variant(f"{m} compiled", config, target, draft, sampling, params, cost))
+            variants.append(Variant(f"{m} compiled", config, target, second, sampling, params, cost))
     return variants
 
 

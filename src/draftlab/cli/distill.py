@@ -240,7 +240,11 @@ def _run_head(args: argparse.Namespace) -> int:
     final = result.get("final") or {}
     print(
         f"head written to {result['out']} after {result['steps']} steps (loss {final.get('loss', float('nan')):.3f}); "
-        f"data generated at {result['generation_tokens_per_s']} tokens/s"
+        + (
+            f"data generated at {result['generation_tokens_per_s']} tokens/s"
+            if result["generation_tokens_per_s"]
+            else "no data generated this run"
+        )
     )
     held = result.get("held_out") or {}
     if held.get("first_token_top1") is not None:

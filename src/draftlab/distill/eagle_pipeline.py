@@ -270,6 +270,14 @@ def evaluate_decoding(cfg: DistillConfig, target: LoadedModel) -> dict:
     return result
 
 
+def _generated(d: dict) -> str:
+    if not d.get("generated_response_tokens_this_run"):
+        return "no answers generated this run (all on disk)"
+    return (
+        f"generation this run {d['generation_seconds_this_run']} s at {d['generation_tokens_per_s']} tokens/s"
+    )
+
+
 def _per_source(counts: dict | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted((counts or {}).items()))
 
@@ -290,8 +298,7 @@ def _readme(r: dict) -> str:
         f"- data: {sum((d.get('sequences') or {}).values())} sequences ({_per_source(d.get('sequences'))}), "
         f"{sum((d.get('tokens') or {}).values())} tokens of which {sum((d.get('response_tokens') or {}).values())} "
         f"are the target's answers; "
-        f"{d['train_sequences']} trained on, {d['held_out_sequences']} held out; generation this run "
-        f"{d['generation_seconds_this_run']} s at {d['generation_tokens_per_s']} tokens/s",
+        f"{d['train_sequences']} trained on, {d['held_out_sequences']} held out; {_generated(d)}",
         f"- training: {r['trained_steps']} steps of ~{t['batch_tokens']} tokens, {t['ttt_steps']} "
         f"training-time-test steps, lr {t['lr']}, {r['train_seconds']:.0f} s in all",
     ]
