@@ -8,7 +8,8 @@ per (bucket, pass size). Prompts run eagerly over the same cache; rollback is th
 
 Compiling takes about 45 s per graph on a 2-core CPU, recorded in `compile_seconds` (the first
 call of each graph, compile included). Each process compiles again: with frozen weights torch
-bypasses its AOTAutograd cache, and a second process measured no faster compile.
+bypasses its AOTAutograd cache, and its FX graph cache too (freezing prepacks the weights as mkldnn
+tensors, which it cannot pickle), so a second process measured no faster compile.
 """
 
 from __future__ import annotations
@@ -106,9 +107,9 @@ class CompiledSteps:
 
     def __call__(self, cache: StaticCache, **kwargs):
         length = (capacity(cache), int(kwargs["input_ids"].shape[1]))
+        self.calls += 1
         # Freezing is read from inductor's global config (as an option it is not honoured): it is
         # set only while this model's graphs run, and so compile.
-        self.calls += 1
         with inductor_config.patch(freezing=True):
             if length in self.compile_seconds:
                 return self._call(cache=cache, **kwargs)
