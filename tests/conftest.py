@@ -9,6 +9,10 @@ from tiny import FAMILIES, make_model
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tiny models' millisecond passes jitter by over the spot check's band on a loaded 2-core machine, and
+# a re-profile adds a status line where tests expect one error line: only test_profile_spot.py
+# turns the spot check on.
+os.environ["DRAFTLAB_SPOT_CHECK"] = "0"
 # Tiny models gain nothing from threads, and on a busy 2-core machine threads cost a lot.
 torch.set_num_threads(1)
 

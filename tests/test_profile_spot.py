@@ -24,6 +24,7 @@ from draftlab.models.profile import (
 @pytest.fixture
 def story(stories, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setenv("DRAFTLAB_SPOT_CHECK", "1")  # off for the rest of the suite (conftest.py)
     monkeypatch.setattr(common, "_SPOT_CHECKED", set())
     return load_model(ModelSpec(str(stories), dtype="float32"))
 
@@ -46,6 +47,14 @@ def test_a_profile_from_another_load_is_measured_again(story, capsys):
     # Checked once per process: the next call reads the cache as it is.
     save(story, dataclasses.replace(got, curve=slow, measured_at="2026-01-02T00:00:00"))
     assert common.machine_profile(story).measured_at == "2026-01-02T00:00:00"
+
+
+def test_spot_checks_can_be_turned_off(story, monkeypatch):
+    profile, _ = load_or_measure(story, repeats=1)
+    slow = dataclasses.replace(profile.curve, ms=[[50 * v for v in row] for row in profile.curve.ms])
+    save(story, dataclasses.replace(profile, curve=slow, measured_at="2026-01-01T00:00:00"))
+    monkeypatch.setenv("DRAFTLAB_SPOT_CHECK", "0")
+    assert common.machine_profile(story).measured_at == "2026-01-01T00:00:00"
 
 
 def test_a_hand_written_profile_is_used_as_it_is(story):

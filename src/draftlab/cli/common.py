@@ -29,6 +29,7 @@ from draftlab.models.profile import (
     pick_dtype,
     profile_dir,
     profile_path,
+    spot_checks_on,
     spot_ratio,
     supported_dtypes,
     verify_slope,
@@ -220,7 +221,8 @@ def machine_profile(lm: LoadedModel, compiled: bool = False) -> Profile:
     cached = load_cached(lm, compiled)
     kind = ", compiled passes" if compiled else ""
     if cached is not None:
-        if compiled or hand_written(cached) or (path := profile_path(lm)) in _SPOT_CHECKED:
+        path = profile_path(lm)
+        if compiled or hand_written(cached) or not spot_checks_on() or path in _SPOT_CHECKED:
             return cached
         # Once per process, a short plain decode checks that the machine still runs as profiled.
         ratio = spot_ratio(lm, cached.curve)

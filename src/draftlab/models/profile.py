@@ -416,6 +416,11 @@ def spot_ratio(lm: LoadedModel, curve: CostCurve, repeats: int = 3) -> float:
     return factor / (curve.step_factor or 1.0)
 
 
+def spot_checks_on() -> bool:
+    """$DRAFTLAB_SPOT_CHECK=0 turns spot checks off (the test suite does, for its tiny models)."""
+    return os.environ.get("DRAFTLAB_SPOT_CHECK", "1") != "0"
+
+
 def hand_written(profile: Profile) -> bool:
     """A profile that took no time to measure was written, not measured (tests pin decisions with
     such curves, and so can a user): it is used as it is, never spot-checked."""
