@@ -46,20 +46,24 @@ def cost(curve: dict[int, float], n: int) -> float:
     return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
 
 
+def rounds_by_count(at_least: list[int], n_rounds: int, cap: int | None = None) -> dict[int, int]:
+    """Rounds with exactly d drafted (or accepted) tokens, from the per-position counts of rounds
+    with more than j; counts past `cap` are folded into `cap`."""
+    by_count: dict[int, int] = defaultdict(int)
+    by_count[0] = n_rounds - (at_least[0] if at_least else 0)
+    for j, count in enumerate(at_least):
+        after = at_least[j + 1] if j + 1 < len(at_least) else 0
+        by_count[j + 1 if cap is None else min(j + 1, cap)] += count - after
+    return by_count
+
+
 def project(records: list[dict], curve: dict[int, float], cap: int) -> tuple[float, float]:
     """(decode-only speed-up over plain decoding, mean accepted length) with drafts capped at `cap`."""
     plain_ms = spec_ms = 0.0
     tokens = rounds = 0
     for r in records:
-        drafted, accepted = r["drafted_per_position"], r["accepted_per_position"]
-        n_rounds = r["rounds"]
-        # rounds that drafted exactly d tokens, from "rounds that drafted more than j"
-        by_d = defaultdict(int)
-        with_drafts = drafted[0] if drafted else 0
-        by_d[0] = n_rounds - with_drafts
-        for j, count in enumerate(drafted):
-            after = drafted[j + 1] if j + 1 < len(drafted) else 0
-            by_d[j + 1] = count - after
+        accepted, n_rounds = r["accepted_per_position"], r["rounds"]
+        by_d = rounds_by_count(r["drafted_per_position"], n_rounds)
         new = n_rounds + sum(accepted[:cap])
         spec_ms += sum(n * cost(curve, min(d, cap) + 1) for d, n in by_d.items())
         plain_ms += new * cost(curve, 1)
@@ -74,11 +78,7 @@ def project_oracle(records: list[dict], curve: dict[int, float], cap: int) -> fl
     plain_ms = spec_ms = 0.0
     for r in records:
         accepted, n_rounds = r["accepted_per_position"], r["rounds"]
-        by_a = defaultdict(int)
-        by_a[0] = n_rounds - (accepted[0] if accepted else 0)
-        for j, count in enumerate(accepted):
-            after = accepted[j + 1] if j + 1 < len(accepted) else 0
-            by_a[min(j + 1, cap)] += count - after
+        by_a = rounds_by_count(accepted, n_rounds, cap)
         new = n_rounds + sum(accepted[:cap])
         spec_ms += sum(n * cost(curve, a + 1) for a, n in by_a.items())
         plain_ms += new * cost(curve, 1)

@@ -251,10 +251,13 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             costs[id(second)] = (cost, routes)
         return costs[id(second)]
 
+    def second_of(config: DecoderConfig) -> LoadedModel | None:
+        return head if config.spec.needs_head else draft
+
     adaptive = any(c.adaptive for c in configs.values())
     variants = []
     for m, config in configs.items():
-        second = head if config.spec.needs_head else draft
+        second = second_of(config)
         params = variant_params(args, config)
         cost, routes = priced(second) if adaptive else (None, [])
         routes = routes if config.adaptive else []
@@ -269,7 +272,7 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             if not config.spec.compilable:
                 continue
             config = dataclasses.replace(config, compile=True)
-            second = head if config.spec.needs_head else draft
+            second = second_of(config)
             priced_with = second if config.needs_draft else None
             cost = cost_model(args, target, priced_with, compiled=True) if config.adaptive else None
             params = variant_params(args, config)

@@ -305,6 +305,13 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def _random_ids(lm: LoadedModel, seed: int) -> Callable[[int], list[int]]:
+    """n token ids drawn from the model's vocabulary, the same draws for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = min(lm.vocab_size, len(lm.tokenizer))
+    return lambda n: torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+
 def measure(
     lm: LoadedModel,
     sizes: Sequence[int] = QUICK_SIZES,
@@ -325,12 +332,7 @@ def measure(
     prefill_lengths = list(prefill_lengths) if prefill_lengths is not None else [16, 64, 256, 1024]
     if limit is not None:
         prefill_lengths = [p for p in prefill_lengths if p <= limit] or [min(16, limit)]
-    generator = torch.Generator().manual_seed(0)
-    vocab = min(lm.vocab_size, len(lm.tokenizer))
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
+    ids = _random_ids(lm, seed=0)
     start_ids = runner.start([0])
     ms: list[list[float]] = []
     for context in contexts:
@@ -404,12 +406,7 @@ def spot_ratio(lm: LoadedModel, curve: CostCurve, repeats: int = 3) -> float:
     """A plain decode of 8 tokens after a 64-token prompt, timed now, over the curve's prediction
     (its step factor included): about half a second for the default target."""
     runner = cached(lm)
-    generator = torch.Generator().manual_seed(1)
-    vocab = min(lm.vocab_size, len(lm.tokenizer))
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=generator).tolist()
-
+    ids = _random_ids(lm, seed=1)
     runner.start([0])
     runner.forward(ids(16), keep=1)  # the first pass of a process pays for kernel set-up
     factor = _plain_step_factor(runner, curve, ids, repeats, lm.device, lm.context_length, prompt=64, steps=8)
