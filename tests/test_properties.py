@@ -263,7 +263,7 @@ def test_prompt_lookup_and_lookup_trees_share_the_longest_ngram_match(tokens, ma
     import numpy as np
 
     from draftlab.proposers import LookupTreeProposer, PromptLookupProposer
-    from draftlab.proposers.ngram import longest_match
+    from draftlab.proposers.ngram import agreement_kind, longest_match
 
     expected = _reference_lookup(tokens, max_ngram)
     found = longest_match(np.asarray(tokens, dtype=np.int64), max_ngram, 1)
@@ -280,6 +280,13 @@ def test_prompt_lookup_and_lookup_trees_share_the_longest_ngram_match(tokens, ma
     weak = n == 1 and len(starts) >= 3
     # the chain copies what followed the most recent match; the tree holds every match's first token
     assert proposal.tokens == tokens[starts[-1] + n :][: min(k, 3) if weak else k]
-    assert proposal.kind == f"{n}-gram" + (" weak" if weak else "")
+    # the kind tells how far the hit agrees with the text before it, when the n-gram is the longest allowed
+    agreed = n
+    while n == max_ngram and agreed < 16 and starts[-1] + n - agreed - 1 >= 0:
+        if tokens[starts[-1] + n - agreed - 1] != tokens[len(tokens) - agreed - 1]:
+            break
+        agreed += 1
+    kind = f"{n}-gram" + (" weak" if weak else "")
+    assert proposal.kind == (f"{kind}/{agreement_kind(agreed)}" if n == max_ngram else kind)
     roots = {t for t, p in zip(branches.tokens, branches.parent_list(), strict=True) if p < 0}
     assert roots == {tokens[s + n] for s in starts} and branches.kind == f"{n}-gram tree"

@@ -12,7 +12,7 @@ from tolerance import assert_greedy_equal, sum_tol
 
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
-from draftlab.decode.round_sizer import RoundSizer, Shadow
+from draftlab.decode.round_sizer import RoundSizer, Shadow, Shadows, parent_kind
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt
@@ -152,6 +152,40 @@ def test_the_shadow_scores_a_proposal_against_what_the_target_wrote():
     assert not shadow.active
     shadow.begin([1, 2], None)
     assert shadow.advance([1, 2]) == (2, 2, None)
+
+
+def test_shadows_score_a_rare_kind_while_a_frequent_one_is_watched():
+    shadows = Shadows()
+    shadows.begin([5, 9, 9], "1-gram weak")
+    assert shadows.advance([5]) == [] and shadows.active
+    shadows.begin([6, 7], "3-gram/agrees on 16+")  # one shadow per kind: this one is watched too
+    shadows.begin([1, 1], "1-gram weak")  # that kind already has its shadow
+    assert shadows.advance([6]) == [(2, 1, "1-gram weak")]
+    assert shadows.advance([7]) == [(2, 2, "3-gram/agrees on 16+")] and not shadows.active
+    shadows.begin([3, 4], None)
+    assert shadows.end() == [] and not shadows.active  # a speculative round ends it: nothing tried
+    shadows.begin([3, 4], None)
+    assert shadows.advance([3]) == [] and shadows.end() == [(1, 1, None)]
+
+
+def test_a_fine_kind_starts_from_its_parent_and_then_follows_its_own_record():
+    assert parent_kind("3-gram/agrees on 16+") == "3-gram" and parent_kind("3-gram") is None
+    assert parent_kind(None) is None
+    # llama.cpp-like: verifying 4 drafts costs 2.7 plain steps
+    sizer = RoundSizer(CostModel(curve({1: 10.0, 2: 15.0, 4: 23.0, 8: 38.0})), k_max=4, free_drafts=True)
+    for _ in range(30):  # copies in progress, all accepted: the 3-gram record rises with them
+        sizer.observe(4, 4, "3-gram/agrees on 16+")
+    for _ in range(8):
+        sizer.observe(4, 0, "3-gram/agrees on 3")
+    sizer.start()  # a new generation: only the run's record remains
+    coarse = sizer.alphas("3-gram", 4)[0]
+    unseen = sizer.alphas("3-gram/agrees on 8-15", 4)[0]
+    assert unseen == pytest.approx(coarse) and coarse > 0.7  # the parent pools 38 rounds, 30 accepted
+    assert sizer.alphas("3-gram/agrees on 16+", 4)[0] > coarse > sizer.alphas("3-gram/agrees on 3", 4)[0]
+    assert sizer.alphas("3-gram/agrees on 3", 4)[0] < 0.3
+    assert sizer.alphas("2-gram", 4)[0] == 0.5  # another kind knows nothing of these
+    assert sizer.choose(256, 4, "3-gram/agrees on 16+").k > 0
+    assert sizer.choose(256, 4, "3-gram/agrees on 3").k == 0
 
 
 def test_profile_is_cached_and_a_foreign_one_is_remeasured(tiny_pair, monkeypatch, tmp_path):

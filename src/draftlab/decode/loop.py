@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from draftlab.decode.details import RoundDetails
-from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow
+from draftlab.decode.round_sizer import Choice, RoundSizer, Shadows
 from draftlab.decode.timing import synchronized_clock
 from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
@@ -186,7 +186,7 @@ class SpeculativeDecoder:
         t_first: float | None = None
 
         sizer = self.sizer
-        shadow = Shadow()
+        shadow = Shadows()
         if sizer is not None:
             sizer.start()
         while len(sequence) - prefix_len < max_new_tokens and (
@@ -259,7 +259,7 @@ class SpeculativeDecoder:
         return Generation(tokens, text, stats)
 
     def _propose(
-        self, sequence: list[int], budget: int, params: SamplingParams, sampler: Sampler, shadow: Shadow
+        self, sequence: list[int], budget: int, params: SamplingParams, sampler: Sampler, shadow: Shadows
     ) -> tuple[Proposal, Choice | None]:
         """This round's proposal, and the sizer's choice of k when rounds are sized."""
         sizer, proposer = self.sizer, self.proposer
@@ -277,7 +277,7 @@ class SpeculativeDecoder:
         proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
         sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
         choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
-        if choice.k == 0 and proposal.tokens and not shadow.active:
+        if choice.k == 0 and proposal.tokens:
             shadow.begin(proposal.tokens, proposal.kind)
         return proposal.truncate(choice.k), choice
 
@@ -322,15 +322,14 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _learn(
-        sizer: RoundSizer, shadow: Shadow, proposal: Proposal, accepted: int, written: list[int], probe: bool
+        sizer: RoundSizer, shadow: Shadows, proposal: Proposal, accepted: int, written: list[int], probe: bool
     ) -> None:
         if isinstance(sizer, TreeSizer):
             return  # trees learn node by node (observe_tree), in the round itself
         sizer.observe(len(proposal.tokens), accepted, proposal.kind, probe)
         # A shadow proposal is judged by the tokens the target wrote instead (free evidence); a
         # speculative round ends it with what it has seen so far.
-        ended = shadow.advance(written) if not proposal.tokens and shadow.active else shadow.end()
-        if ended is not None:
+        for ended in shadow.advance(written) if not proposal.tokens else shadow.end():
             sizer.observe(*ended)
 
     def _cut_at_eos(self, proposal: Proposal) -> Proposal:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from draftlab.decode.cost import CostModel, choose_k, expected_tokens
 
-# How much the run's history weighs against the current example, in rounds.
+# How much the run's history weighs against the current example, in rounds; also how much a kind's
+# parent (see `parent_kind`) weighs against the kind's own record in the run.
 PRIOR_WEIGHT = 4.0
 # Per round, older evidence of the current example fades by this factor (acceptance drifts).
 EXAMPLE_DECAY = 0.9
@@ -177,11 +178,18 @@ class RoundSizer:
 
     def alphas(self, kind: str | None, n: int) -> list[float]:
         state = self._state(kind)
+        parent = parent_kind(kind)
+        # A kind with a parent starts from the parent's estimate, which pools all its children.
+        base = self.alphas(parent, n) if parent is not None else None
         out: list[float] = []
         prior = self.initial_prior
         for j in range(n):
-            # Where the run has no evidence at depth j, carry the estimate of depth j - 1.
-            run_prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            known = j < len(state.run.reached)
+            if base is not None:
+                run_prior = state.run.rate(j, base[j], PRIOR_WEIGHT) if known else base[j]
+            else:
+                # Where the run has no evidence at depth j, carry the estimate of depth j - 1.
+                run_prior = state.run.rate(j, prior, 1.0) if known else prior
             rate = state.example.rate(j, run_prior, PRIOR_WEIGHT)
             out.append(rate)
             prior = rate
@@ -228,9 +236,15 @@ class RoundSizer:
 
     def _run_alphas(self, kind: str | None, n: int) -> list[float]:
         state = self._state(kind)
+        parent = parent_kind(kind)
+        base = self._run_alphas(parent, n) if parent is not None else None
         out, prior = [], self.initial_prior
         for j in range(n):
-            prior = state.run.rate(j, prior, 1.0) if j < len(state.run.reached) else prior
+            known = j < len(state.run.reached)
+            if base is not None:
+                prior = state.run.rate(j, base[j], PRIOR_WEIGHT) if known else base[j]
+            else:
+                prior = state.run.rate(j, prior, 1.0) if known else prior
             out.append(prior)
         return out
 
@@ -272,15 +286,53 @@ class RoundSizer:
     def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
         if drafted <= 0:
             return
-        state = self._state(kind)
-        state.example.decay(EXAMPLE_DECAY)
-        state.example.add(drafted, accepted)
-        state.run.add(drafted, accepted)
+        while True:  # the kind, and every parent that pools it
+            state = self._state(kind)
+            state.example.decay(EXAMPLE_DECAY)
+            state.example.add(drafted, accepted)
+            state.run.add(drafted, accepted)
+            kind = parent_kind(kind)
+            if kind is None:
+                break
         if probe:
             self._probe_outcome(float(accepted))
 
     def observe_propose_time(self, ms: float) -> None:
         self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms
+
+
+def parent_kind(kind: str | None) -> str | None:
+    """Kinds of proposal nest: "3-gram/agrees on 16+" is a 3-gram lookup whose hit agrees with the
+    text on 16 tokens or more. Its parent ("3-gram") pools the record of all its children, and a
+    child is estimated from its own record with the parent's as the prior: a fine class seen
+    rarely starts where the coarse one stands instead of at the sizer's initial prior."""
+    return kind.rsplit("/", 1)[0] if kind and "/" in kind else None
+
+
+class Shadows:
+    """One shadow per kind of proposal at a time: a rare kind (a long copy) is scored too while a
+    frequent one (a weak 1-gram) is being watched, so the sizer learns every kind's acceptance."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str | None, Shadow] = {}
+
+    @property
+    def active(self) -> bool:
+        return any(shadow.active for shadow in self._by_kind.values())
+
+    def begin(self, tokens: list[int], kind: str | None) -> None:
+        shadow = self._by_kind.setdefault(kind, Shadow())
+        if not shadow.active:
+            shadow.begin(tokens, kind)
+
+    def advance(self, written: list[int]) -> list[tuple[int, int, str | None]]:
+        """Feed the target's new tokens to every shadow; returns those that ended."""
+        ended = (shadow.advance(written) for shadow in self._by_kind.values() if shadow.active)
+        return [e for e in ended if e is not None]
+
+    def end(self) -> list[tuple[int, int, str | None]]:
+        ended = (shadow.end() for shadow in self._by_kind.values())
+        return [e for e in ended if e is not None]
 
 
 class Shadow:

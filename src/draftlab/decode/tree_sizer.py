@@ -16,6 +16,11 @@ SCORE_PRIOR_WEIGHT = 2.0
 # The node budgets a tree round chooses among (0 is a plain target step).
 TREE_BUDGETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TREE_SMOOTHING = 0.1  # how fast the expected gain of a tree round follows recent rounds
+# Lookup trees: within one generation, what the calibrated chances promised is set against what the
+# target accepted, counting this many nodes as kept promises. A task whose lookups fail more than
+# the run's do (math after summarization) then stops drafting within a few rounds: the run's record
+# alone kept llama.cpp's `suffix` drafting at α 0.3 through math, 0.85x its plain decoding.
+EXAMPLE_PRIOR_NODES = 2.0
 
 
 @dataclass
@@ -49,6 +54,19 @@ class TreeSizer(RoundSizer):
         self.width = width
         self._drafted: tuple[float, float] | None = None  # (draft nodes verified, passes) this round
         self._probing = False  # this round drafts only as a probe
+        self._promised = 0.0  # this generation: Σ calibrated chance of the lookup nodes reached
+        self._kept = 0.0  # and how many of them the target accepted
+
+    def start(self) -> None:
+        super().start()
+        self._promised = self._kept = 0.0
+
+    def example_factor(self) -> float:
+        """Lookup trees: accepted / promised in this generation, shrunk towards 1; at most 1 (a
+        generation doing better than its record needs no boost: the record follows it)."""
+        if not self.free_drafts:
+            return 1.0  # draft trees follow recent rounds through `tree_draft_gain` instead
+        return min(1.0, (self._kept + EXAMPLE_PRIOR_NODES) / (self._promised + EXAMPLE_PRIOR_NODES))
 
     @property
     def scores(self) -> dict[str, _Calibration]:
@@ -78,12 +96,23 @@ class TreeSizer(RoundSizer):
         source = proposal.sources[i] if proposal.sources else "tree"
         return source if source == "draft" or not proposal.kind else f"{source}|{proposal.kind}"
 
+    @staticmethod
+    def _pool(key: str) -> str | None:
+        """Where a kind of proposal from one source learns with the source's other kinds, or None."""
+        return key.split("|", 1)[0] + "|*" if "|" in key else None
+
     def accept_chance(self, key: str, score: float) -> float:
-        cal = self.scores.get(key)
+        """The node's chance of acceptance: its score calibrated by its kind's record, whose prior is
+        the record of every kind from its source. A kind seen for the first time (kinds split lookups
+        by match length) then starts from what its source's nodes of that score did, not from the
+        raw score: a suffix match seen once scores 1.0, and on llama.cpp's steep cost curve that
+        trust cost whole subtasks deep rounds that were all rejected."""
         b = _bucket(score)
-        if cal is None:
-            return score
-        return (cal.accepted[b] + SCORE_PRIOR_WEIGHT * score) / (cal.reached[b] + SCORE_PRIOR_WEIGHT)
+        pool = self._pool(key)
+        pooled = self.scores.get(pool) if pool else None
+        prior = score if pooled is None else _calibrated(pooled, b, score)
+        cal = self.scores.get(key)
+        return prior if cal is None else _calibrated(cal, b, prior)
 
     def observe_tree(self, proposal, path: list[int]) -> None:
         """Every node whose parent was accepted was reached; those on the path were accepted.
@@ -108,10 +137,15 @@ class TreeSizer(RoundSizer):
         for i, p in enumerate(proposal.parent_list()):
             if p >= 0 and p not in on_path:
                 continue
-            cal = self.scores.setdefault(self._key(proposal, i), _Calibration())
+            key = self._key(proposal, i)
             b = _bucket(scores[i])
-            cal.reached[b] += 1
-            cal.accepted[b] += float(i in on_path)
+            self._promised += self.accept_chance(key, scores[i])
+            self._kept += float(i in on_path)
+            for name in (key, self._pool(key)):
+                if name is not None:
+                    cal = self.scores.setdefault(name, _Calibration())
+                    cal.reached[b] += 1
+                    cal.accepted[b] += float(i in on_path)
 
     # -- choices -----------------------------------------------------------------------------
     def tree_draft_ms(self, context: int, pending: int) -> float:
@@ -172,7 +206,8 @@ class TreeSizer(RoundSizer):
         """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
         verify_ms, _ = self._costs()
         scores = proposal.scores or [1.0] * len(proposal.tokens)
-        chances = [self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
+        factor = self.example_factor()
+        chances = [factor * self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
         values = proposal.path_values(chances)
         ranked = sorted(values, reverse=True)
         overhead = self.propose_ms if self.free_drafts else 0.0
@@ -215,6 +250,10 @@ class TreeSizer(RoundSizer):
         if self.gain is None:
             return plain
         return max(plain, self._round_rate(*self.gain, context, 2))
+
+
+def _calibrated(cal: _Calibration, bucket: int, prior: float) -> float:
+    return (cal.accepted[bucket] + SCORE_PRIOR_WEIGHT * prior) / (cal.reached[bucket] + SCORE_PRIOR_WEIGHT)
 
 
 def _follow(running: list[float], value: tuple[float, float]) -> None:

@@ -10,6 +10,13 @@ import numpy as np
 from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams
 
+# A lookup whose hit agrees with the current text well beyond the n-gram is a copy in progress,
+# and its continuation is accepted far more often: on the built-in suite with llama.cpp, every
+# round drafting what it found (up to 10 tokens), 3-gram hits that agreed on 3-5 tokens brought
+# 0.6-2.0 accepted tokens a round and those agreeing on 12 or more 5.4-10. So the round sizer
+# learns acceptance per class of agreement length (the proposal's kind), from these edges.
+AGREEMENT_EDGES = (4, 8, 16)
+
 
 class LookupProposer(Proposer):
     """Proposes from the text itself: the prompt and what the target wrote after it."""
@@ -53,10 +60,33 @@ class PromptLookupProposer(LookupProposer):
         n, hits = match
         weak = n == 1 and hits.size >= 3
         length = min(k, self.weak_tokens) if weak else k
-        start = int(hits[-1]) + n  # the most recent match; at least one token follows it
-        return Proposal(
-            context[start : start + length].tolist(), kind=f"{n}-gram" + (" weak" if weak else "")
-        )
+        hit = int(hits[-1])  # the most recent match; at least one token follows it
+        kind = f"{n}-gram" + (" weak" if weak else "")
+        if n == self.max_ngram:
+            # Classed by agreement within the n-gram's record (round_sizer.parent_kind). A shorter
+            # n-gram means that no longer one matched anywhere: only the longest can agree further.
+            kind += "/" + agreement_kind(agreement(context, hit, n, AGREEMENT_EDGES[-1]))
+        return Proposal(context[hit + n : hit + n + length].tolist(), kind=kind)
+
+
+def agreement(context: np.ndarray, hit: int, n: int, cap: int) -> int:
+    """How many tokens before the end of `context` equal those before the end of the n-gram that
+    starts at `hit` (at least n, since the n-gram matched), counted up to `cap`."""
+    end, here = hit + n, len(context)
+    length = n
+    while length < cap and end - length - 1 >= 0 and context[end - length - 1] == context[here - length - 1]:
+        length += 1
+    return length
+
+
+def agreement_kind(length: int) -> str:
+    """The class of a match by how far it agrees (AGREEMENT_EDGES), e.g. "agrees on 8-15"."""
+    if length < AGREEMENT_EDGES[0]:
+        return f"agrees on {length}"
+    below = [edge for edge in AGREEMENT_EDGES if edge <= length]
+    if len(below) == len(AGREEMENT_EDGES):
+        return f"agrees on {AGREEMENT_EDGES[-1]}+"
+    return f"agrees on {below[-1]}-{AGREEMENT_EDGES[len(below)] - 1}"
 
 
 def longest_match(context: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray] | None:
