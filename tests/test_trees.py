@@ -242,16 +242,12 @@ def test_lookups_are_classed_by_how_far_their_match_agrees():
     copied = list(range(20, 40))
     short = [7, 1, 2, 3, 9, 8, 5, 1, 2, 3]  # '1 2 3' matched, preceded by different tokens
     long = [*copied, 9, *copied[:12]]  # the last 12 tokens repeat text written before
-    chain, suffix = PromptLookupProposer(max_ngram=3), SuffixProposer(min_score=0.0)
-    for proposer in (chain, suffix):
-        proposer.start(short, short)
+    chain = PromptLookupProposer(max_ngram=3)
+    chain.start(short, short)
     assert chain.propose(short, 4, GREEDY, None).kind == "3-gram/agrees on 3"
-    assert suffix.propose(short, 4, GREEDY, None).kind == "suffix agrees on 3"
-    for proposer in (chain, suffix):
-        proposer.start(long, long)
+    chain.start(long, long)
     first = chain.propose(long, 4, GREEDY, None)
     assert first.tokens == copied[12:16] and first.kind == "3-gram/agrees on 8-15"
-    assert suffix.propose(long, 4, GREEDY, None).kind == "suffix agrees on 8-15"
     assert chain.propose([*long, *copied[12:16]], 4, GREEDY, None).kind == "3-gram/agrees on 16+"
     assert [agreement_kind(n) for n in (2, 4, 7, 8, 15, 16, 99)] == [
         "agrees on 2",
@@ -294,36 +290,12 @@ def test_the_tree_sizer_chooses_more_nodes_where_a_pass_is_flat():
     assert sizes["flat"] > 4 and sizes["steep"] <= 1
 
 
-def test_a_new_kind_of_lookup_starts_from_what_its_source_did_not_from_its_raw_score():
-    """Suffix trees from a single match score 1.0 on every node. Once such nodes were rejected
-    under some kinds, a kind seen for the first time must not trust its 1.0 again: on llama.cpp's
-    steep curve each such round cost whole plain steps."""
-    sizer = TreeSizer(CostModel(STEEP), depth=4, width=1, free_drafts=True)
-    chain = [-1, 0, 1, 2]
-
-    def tree(kind):
-        return Proposal([5, 6, 7, 8], kind=kind, parents=chain, scores=[1.0] * 4, sources=["suffix"] * 4)
-
-    assert sizer.accept_chance("suffix|suffix agrees on 2", 1.0) == 1.0  # nothing seen yet: the score
-    for kind in ("suffix agrees on 1", "suffix agrees on 2", "suffix agrees on 3") * 3:
-        sizer.observe_tree(tree(kind), [])  # the first node rejected every time
-    new = sizer.accept_chance("suffix|suffix agrees on 8-15", 1.0)
-    assert new < 0.3, new
-    chosen, choice = sizer.fit(tree("suffix agrees on 8-15"), 256)
-    assert choice.k == 0 and not chosen.tokens
-    # another source learns nothing from the suffix nodes' record
-    assert sizer.accept_chance("lookup|2-gram tree", 1.0) == 1.0
-    for _ in range(6):  # the new kind then earns trust of its own
-        sizer.observe_tree(tree("suffix agrees on 8-15"), [0, 1, 2, 3])
-    assert sizer.accept_chance("suffix|suffix agrees on 8-15", 1.0) > 0.7
-
-
 def test_a_lookup_tree_stops_drafting_in_a_generation_whose_lookups_fail():
     """The run's record says these lookups are accepted; this generation's are not. Within a few
     rounds the sizer believes the generation, and a new generation starts from the record again."""
     llama_like = curve({1: 10.0, 2: 15.0, 4: 23.0, 8: 38.0})
     sizer = TreeSizer(CostModel(llama_like), depth=4, width=1, free_drafts=True)
-    chain = Proposal([5, 6, 7, 8], kind="suffix agrees on 3", parents=[-1, 0, 1, 2], scores=[1.0] * 4)
+    chain = Proposal([5, 6, 7, 8], kind="suffix 3", parents=[-1, 0, 1, 2], scores=[1.0] * 4)
     for _ in range(20):
         sizer.observe_tree(chain, [0, 1, 2, 3])  # earlier generations: every node accepted
     sizer.start()

@@ -96,23 +96,9 @@ class TreeSizer(RoundSizer):
         source = proposal.sources[i] if proposal.sources else "tree"
         return source if source == "draft" or not proposal.kind else f"{source}|{proposal.kind}"
 
-    @staticmethod
-    def _pool(key: str) -> str | None:
-        """Where a kind of proposal from one source learns with the source's other kinds, or None."""
-        return key.split("|", 1)[0] + "|*" if "|" in key else None
-
     def accept_chance(self, key: str, score: float) -> float:
-        """The node's chance of acceptance: its score calibrated by its kind's record, whose prior is
-        the record of every kind from its source. A kind seen for the first time (kinds split lookups
-        by match length) then starts from what its source's nodes of that score did, not from the
-        raw score: a suffix match seen once scores 1.0, and on llama.cpp's steep cost curve that
-        trust cost whole subtasks deep rounds that were all rejected."""
-        b = _bucket(score)
-        pool = self._pool(key)
-        pooled = self.scores.get(pool) if pool else None
-        prior = score if pooled is None else _calibrated(pooled, b, score)
         cal = self.scores.get(key)
-        return prior if cal is None else _calibrated(cal, b, prior)
+        return score if cal is None else _calibrated(cal, _bucket(score), score)
 
     def observe_tree(self, proposal, path: list[int]) -> None:
         """Every node whose parent was accepted was reached; those on the path were accepted.
@@ -141,11 +127,9 @@ class TreeSizer(RoundSizer):
             b = _bucket(scores[i])
             self._promised += self.accept_chance(key, scores[i])
             self._kept += float(i in on_path)
-            for name in (key, self._pool(key)):
-                if name is not None:
-                    cal = self.scores.setdefault(name, _Calibration())
-                    cal.reached[b] += 1
-                    cal.accepted[b] += float(i in on_path)
+            cal = self.scores.setdefault(key, _Calibration())
+            cal.reached[b] += 1
+            cal.accepted[b] += float(i in on_path)
 
     # -- choices -----------------------------------------------------------------------------
     def tree_draft_ms(self, context: int, pending: int) -> float:

@@ -19,7 +19,7 @@ import numpy as np
 
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer
-from draftlab.proposers.ngram import LookupProposer, agreement_kind
+from draftlab.proposers.ngram import LookupProposer
 from draftlab.proposers.trie import ContinuationTrie
 from draftlab.sampling import Sampler, SamplingParams
 
@@ -80,10 +80,8 @@ class SuffixProposer(LookupProposer):
             source = tokens if label != "context" else own
             for end in doc_ends[doc_ends < len(source)]:
                 trie.add(source[end : end + depth].tolist(), origin=label)
-        # Longer matches are accepted more often: the sizer calibrates each class apart (ngram.py).
-        kind = f"suffix {agreement_kind(length)}"
         proposal, origins = trie.proposal(
-            self.max_nodes, depth, kind=kind, source="suffix", min_score=self.min_score
+            self.max_nodes, depth, kind=f"suffix {min(length, 4)}", source="suffix", min_score=self.min_score
         )
         for label in origins - {"context"}:
             self.used[label] = self.used.get(label, 0) + 1
