@@ -665,6 +665,9 @@ class FakeTreeSizer(TreeSizer):
     def observe(self, *args, **kwargs):  # chains only: trees learn node by node
         raise AssertionError("a tree round must not call observe()")
 
+    def written(self, tokens, plain):
+        self.log.append(("written", list(tokens), plain))
+
 
 class SizedTreeProposer(TreeProposer):
     """A tree proposer with the draft-model flags the loop reads."""
@@ -703,6 +706,7 @@ def test_a_free_tree_round_is_fitted_by_the_sizer():
     assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log
     assert ("propose_time", True) in sizer.log
     assert ("observe_tree", [0, 6, 7, 4], [1, 2]) in sizer.log
+    assert ("written", [6, 7, 8], False) in sizer.log  # what the round wrote; it verified a tree
     assert not any(e[0] in ("wants_draft", "preview", "tree_draft_ms") for e in sizer.log)
     s = out.stats
     assert s.k_counts == [0, 0, 0, 0, 1] and s.predicted_tokens == 5.0 and s.predicted_ms == 3.0

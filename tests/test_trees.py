@@ -260,6 +260,19 @@ def test_lookups_are_classed_by_how_far_their_match_agrees():
     ]
 
 
+def test_suffix_continuations_stop_where_an_earlier_output_ends():
+    """Earlier outputs are searched as one joined array: a match at the end of one output must not
+    continue into the next, and each continuation is credited to its own output."""
+    proposer = SuffixProposer(max_depth=4, min_score=0.0)
+    for prompt, output in (([1], [7, 8, 9]), ([2], [4, 5, 6]), ([3], [8, 9, 3, 3])):
+        proposer.start(prompt, prompt)
+        proposer.finish(prompt, output)
+    proposer.start([5, 5], [5, 5])
+    tree = proposer.propose([5, 5, 8, 9], 4, GREEDY, None)
+    # '8 9' ends output #1 (nothing follows: not '4 5 6' of output #2) and is followed by '3 3' in #3
+    assert tree.tokens == [3, 3] and proposer.info()["earlier_outputs_used"] == {"output #3": 1}
+
+
 def test_merged_trees_share_common_paths():
     a = Proposal([5, 6], parents=[-1, 0], scores=[0.9, 0.8], sources=["draft"] * 2)
     b = Proposal([5, 7, 8], parents=[-1, 0, -1], scores=[1.0, 1.0, 0.5], sources=["lookup"] * 3)
@@ -310,6 +323,35 @@ def test_a_lookup_tree_stops_drafting_in_a_generation_whose_lookups_fail():
     draft_tree = TreeSizer(CostModel(llama_like), depth=4, width=1, free_drafts=False)
     draft_tree.observe_tree(chain, [])
     assert draft_tree.example_factor() == 1.0  # draft trees follow `tree_draft_gain` instead
+
+
+def test_a_lookup_tree_left_unverified_is_scored_against_what_the_target_writes():
+    """Once a generation's lookups failed, the sizer stops verifying them; shadows of its best
+    chain, scored for free against the target's tokens, let it find out that they match again."""
+    llama_like = curve({1: 10.0, 2: 15.0, 4: 23.0, 8: 38.0})
+    sizer = TreeSizer(CostModel(llama_like), depth=4, width=1, free_drafts=True)
+    tree = Proposal([5, 6, 7, 8, 9], kind="suffix 3", parents=[-1, 0, 1, 2, -1], scores=[1.0] * 5)
+    for _ in range(20):
+        sizer.observe_tree(tree, [0, 1, 2, 3])
+    sizer.start()
+    while sizer.fit(tree, 256)[1].k > 0:
+        sizer.observe_tree(tree, [])  # this generation's lookups fail at first
+        sizer.written([1], plain=False)
+    low = sizer.example_factor()
+    for _ in range(6):  # then they match: each plain round's shadow chain 5 6 7 8 is written
+        assert sizer.fit(tree, 256)[1].k == 0 or sizer.example_factor() > low
+        sizer.written([5], plain=True)
+        sizer.written([6, 7], plain=True)  # several tokens in one round, as after a verified round
+        sizer.written([8], plain=True)  # the chain ends: 4 reached, 4 accepted
+    assert sizer.example_factor() > low and sizer.fit(tree, 256)[1].k > 0
+    # a miss ends the shadow with the nodes reached; a verified round ends it with what matched
+    sizer.start()
+    assert sizer.fit(Proposal([5, 6], kind="suffix 3", parents=[-1, 0], scores=[0.01, 0.01]), 256)[1].k == 0
+    before = [list(c.reached) for c in sizer.scores.values()]
+    sizer.written([5], plain=True)
+    sizer.written([9], plain=True)
+    after = [list(c.reached) for c in sizer.scores.values()]
+    assert sum(map(sum, after)) - sum(map(sum, before)) == 2 and sizer._shadow is None
 
 
 def _leaves(tree):

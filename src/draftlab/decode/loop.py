@@ -224,6 +224,8 @@ class SpeculativeDecoder:
                 stats.record_tree(proposal, kept)
                 if isinstance(self.sizer, TreeSizer):
                     self.sizer.observe_tree(proposal, kept)
+            if isinstance(self.sizer, TreeSizer):
+                self.sizer.written(new, plain=not proposal.tokens)
             stats.fallbacks += int(proposal.fell_back)
             stats.rollbacks += int(verdict.next_token is not None and verdict.accepted < len(proposal.tokens))
             if sizer is not None and choice is not None:

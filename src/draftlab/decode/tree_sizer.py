@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from draftlab.decode.cost import CostModel
 from draftlab.decode.round_sizer import Choice, RoundSizer
+from draftlab.proposal import Proposal
 
 # Tree rounds: node scores (draft probability, match frequency) are calibrated against what the
 # target accepted, per source and score bucket, with the score itself as the prior (EAGLE-2
@@ -56,10 +57,39 @@ class TreeSizer(RoundSizer):
         self._probing = False  # this round drafts only as a probe
         self._promised = 0.0  # this generation: Σ calibrated chance of the lookup nodes reached
         self._kept = 0.0  # and how many of them the target accepted
+        # A lookup tree left unverified: its best chain, and how many of its tokens the target has
+        # written since (free evidence, as the chain sizer's shadow; see `written`).
+        self._shadow: tuple[Proposal, int] | None = None
 
     def start(self) -> None:
         super().start()
         self._promised = self._kept = 0.0
+        self._shadow = None
+
+    def written(self, tokens: list[int], plain: bool) -> None:
+        """After each round, the tokens the target wrote. A lookup tree that was not verified is
+        scored for free: its best chain against these tokens, node by node, until the first miss.
+        Without this a lookup tree that stopped drafting would never learn that its lookups match
+        again (the per-generation factor, once low, would stay low). A speculative round ends the
+        shadow with what it matched so far."""
+        if self._shadow is None:
+            return
+        chain, matched = self._shadow
+        miss = False
+        for token in tokens if plain else ():
+            if chain.tokens[matched] != token:
+                miss = True
+                break
+            matched += 1
+            if matched == len(chain.tokens):
+                break
+        if plain and not miss and matched < len(chain.tokens):
+            self._shadow = (chain, matched)
+            return
+        self._shadow = None
+        reached = matched + int(miss)
+        if reached:
+            self._calibrate(chain.select(list(range(reached))), list(range(matched)))
 
     def example_factor(self) -> float:
         """Lookup trees: accepted / promised in this generation, shrunk towards 1; at most 1 (a
@@ -116,6 +146,9 @@ class TreeSizer(RoundSizer):
             if self._probing:
                 self._probe_outcome(added)
         self._probing = False
+        self._calibrate(proposal, path)
+
+    def _calibrate(self, proposal: Proposal, path: list[int]) -> None:
         if not proposal.tokens:
             return
         on_path = set(path)
@@ -221,6 +254,8 @@ class TreeSizer(RoundSizer):
         self.evidence.rounds_with_proposal += 1
         values, best_n, best_tokens, best_cost = self._budget(proposal, context)
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
+        if not best_n and self.free_drafts and self._shadow is None:
+            self._shadow = (proposal.select(proposal.top_path()), 0)
         _follow(self.evidence.tree_gain, (best_tokens, float(best_n)))
         if drafted_ms > 0:
             # The draft's share of the chosen tree; what it really adds is known after verification.
