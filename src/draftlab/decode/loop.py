@@ -222,9 +222,9 @@ class SpeculativeDecoder:
             stats.record_round(len(proposal.tokens), verdict.accepted)
             if proposal.parents is not None:
                 stats.record_tree(proposal, kept)
-                if isinstance(self.sizer, TreeSizer):
-                    self.sizer.observe_tree(proposal, kept)
             if isinstance(self.sizer, TreeSizer):
+                if proposal.parents is not None:
+                    self.sizer.observe_tree(proposal, kept)
                 self.sizer.written(new, plain=not proposal.tokens)
             stats.fallbacks += int(proposal.fell_back)
             stats.rollbacks += int(verdict.next_token is not None and verdict.accepted < len(proposal.tokens))

@@ -184,13 +184,7 @@ class RoundSizer:
         out: list[float] = []
         prior = self.initial_prior
         for j in range(n):
-            known = j < len(state.run.reached)
-            if base is not None:
-                run_prior = state.run.rate(j, base[j], PRIOR_WEIGHT) if known else base[j]
-            else:
-                # Where the run has no evidence at depth j, carry the estimate of depth j - 1.
-                run_prior = state.run.rate(j, prior, 1.0) if known else prior
-            rate = state.example.rate(j, run_prior, PRIOR_WEIGHT)
+            rate = state.example.rate(j, _run_rate(state, j, base, prior), PRIOR_WEIGHT)
             out.append(rate)
             prior = rate
         return out
@@ -240,11 +234,7 @@ class RoundSizer:
         base = self._run_alphas(parent, n) if parent is not None else None
         out, prior = [], self.initial_prior
         for j in range(n):
-            known = j < len(state.run.reached)
-            if base is not None:
-                prior = state.run.rate(j, base[j], PRIOR_WEIGHT) if known else base[j]
-            else:
-                prior = state.run.rate(j, prior, 1.0) if known else prior
+            prior = _run_rate(state, j, base, prior)
             out.append(prior)
         return out
 
@@ -299,6 +289,14 @@ class RoundSizer:
 
     def observe_propose_time(self, ms: float) -> None:
         self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms
+
+
+def _run_rate(state: _KindState, j: int, base: list[float] | None, carry: float) -> float:
+    """α_j from the run's record of a kind: with the parent's estimate `base` as prior (weighing
+    PRIOR_WEIGHT rounds), or else with `carry`, the estimate of depth j - 1, as a prior of one
+    round. Where the run has no evidence at depth j, that prior itself."""
+    prior, weight = (base[j], PRIOR_WEIGHT) if base is not None else (carry, 1.0)
+    return state.run.rate(j, prior, weight) if j < len(state.run.reached) else prior
 
 
 def parent_kind(kind: str | None) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftlab.decode.cost import CostModel
-from draftlab.decode.round_sizer import Choice, RoundSizer
+from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow
 from draftlab.proposal import Proposal
 
 # Tree rounds: node scores (draft probability, match frequency) are calibrated against what the
@@ -57,14 +57,15 @@ class TreeSizer(RoundSizer):
         self._probing = False  # this round drafts only as a probe
         self._promised = 0.0  # this generation: Σ calibrated chance of the lookup nodes reached
         self._kept = 0.0  # and how many of them the target accepted
-        # A lookup tree left unverified: its best chain, and how many of its tokens the target has
-        # written since (free evidence, as the chain sizer's shadow; see `written`).
-        self._shadow: tuple[Proposal, int] | None = None
+        # A lookup tree left unverified: its best chain, scored by `_watch` against what the target
+        # writes since (free evidence, as the chain sizer's shadow; see `written`).
+        self._shadow: Proposal | None = None
+        self._watch = Shadow()
 
     def start(self) -> None:
         super().start()
         self._promised = self._kept = 0.0
-        self._shadow = None
+        self._shadow, self._watch = None, Shadow()
 
     def written(self, tokens: list[int], plain: bool) -> None:
         """After each round, the tokens the target wrote. A lookup tree that was not verified is
@@ -74,22 +75,13 @@ class TreeSizer(RoundSizer):
         shadow with what it matched so far."""
         if self._shadow is None:
             return
-        chain, matched = self._shadow
-        miss = False
-        for token in tokens if plain else ():
-            if chain.tokens[matched] != token:
-                miss = True
-                break
-            matched += 1
-            if matched == len(chain.tokens):
-                break
-        if plain and not miss and matched < len(chain.tokens):
-            self._shadow = (chain, matched)
+        ended = self._watch.advance(tokens) if plain else self._watch.end()
+        if self._watch.active:
             return
-        self._shadow = None
-        reached = matched + int(miss)
-        if reached:
-            self._calibrate(chain.select(list(range(reached))), list(range(matched)))
+        chain, self._shadow = self._shadow, None
+        if ended is not None:
+            reached, accepted, _ = ended
+            self._calibrate(chain.select(list(range(reached))), list(range(accepted)))
 
     def example_factor(self) -> float:
         """Lookup trees: accepted / promised in this generation, shrunk towards 1; at most 1 (a
@@ -158,8 +150,9 @@ class TreeSizer(RoundSizer):
                 continue
             key = self._key(proposal, i)
             b = _bucket(scores[i])
-            self._promised += self.accept_chance(key, scores[i])
-            self._kept += float(i in on_path)
+            if self.free_drafts:  # only lookup trees weigh their generation (`example_factor`)
+                self._promised += self.accept_chance(key, scores[i])
+                self._kept += float(i in on_path)
             cal = self.scores.setdefault(key, _Calibration())
             cal.reached[b] += 1
             cal.accepted[b] += float(i in on_path)
@@ -255,7 +248,8 @@ class TreeSizer(RoundSizer):
         values, best_n, best_tokens, best_cost = self._budget(proposal, context)
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
         if not best_n and self.free_drafts and self._shadow is None:
-            self._shadow = (proposal.select(proposal.top_path()), 0)
+            self._shadow = proposal.select(proposal.top_path())
+            self._watch.begin(self._shadow.tokens, proposal.kind)
         _follow(self.evidence.tree_gain, (best_tokens, float(best_n)))
         if drafted_ms > 0:
             # The draft's share of the chosen tree; what it really adds is known after verification.
