@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -372,6 +373,65 @@ def test_bench_puts_llamacpp_beside_our_engine_and_in_best_ar(tmp_path, target, 
     assert "| bandwidth limit | memory read " in head
 
 
+@needs_llama_cpp
+def test_bench_runs_a_gguf_file_as_the_target(tmp_path, gguf, capsys):
+    """`bench --engines llamacpp --target FILE.gguf`: a user's GGUF, with no transformers checkpoint
+    beside it (its tokenizer read from the file), benched like the catalogue's own."""
+    out = tmp_path / "file"
+    argv = ["bench", "--engines", "llamacpp", "--target", str(gguf), "--methods", "ar,pld", "--fixed-k"]
+    argv += ["--subtasks", "grammar correction", "--limit", "1", "--max-new-tokens", "16"]
+    assert main([*argv, "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    rows = {r["label"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(rows) == {"ar@llamacpp", "pld@llamacpp"}
+    assert rows["pld@llamacpp"]["drafted"] > 0 and 0 < rows["ar@llamacpp"]["new_tokens"] <= 16
+    run = json.loads((out / "run.json").read_text())
+    assert run["target"] == str(gguf) and run["extra"]["llamacpp"]["gguf"] == str(gguf)
+    capsys.readouterr()
+    # Only llama.cpp runs a GGUF file: any other engine is refused in one line.
+    check_error(capsys, ["bench", "--target", str(gguf), "--methods", "ar"], str(gguf), "llamacpp")
+    check_error(
+        capsys, ["bench", "--engines", "hf,llamacpp", "--target", str(gguf)], str(gguf), "hf,llamacpp"
+    )
+
+
+@needs_llama_cpp
+def test_gguf_type_runs_the_catalogue_target_from_an_export(tmp_path, target, capsys):
+    """`--gguf-type bf16`: the target's weights exported once into the model cache as a BF16 GGUF
+    (the same model: the transformers checkpoint rounded to bfloat16), reused while its own GGUF is
+    not newer; and "vs best ar" counts plain decoding on the other storage of the two."""
+    from draftlab.models.llamacpp import exported_gguf, load_llamacpp
+
+    bf16 = load_llamacpp(TARGET, storage="bf16")
+    assert bf16.spec.dtype == "BF16" and bf16.spec.storage == "bf16" and target.spec.storage == "own"
+    path = Path(bf16.path)
+    written = path.stat().st_mtime_ns
+    assert exported_gguf(TARGET, Path(target.path), "bf16") == path and path.stat().st_mtime_ns == written
+    ids = target.tokenizer("The cat sat on the mat because")["input_ids"]
+    model = cached(bf16)
+    model.start(ids)
+    got = model.forward(ids)
+    hf = load_model(ModelSpec(TARGET, dtype="bfloat16")).model
+    with torch.inference_mode():
+        want = hf(torch.tensor([ids])).logits[0].float()
+    assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.8
+
+    out = tmp_path / "storages"
+    argv = ["bench", "--engines", "llamacpp", "--methods", "ar", "--subtasks", "qa", "--limit", "1"]
+    assert main([*argv, "--max-new-tokens", "8", "--warmup", "0", "--quiet", "--out", str(out)]) == 0
+    run = json.loads((out / "run.json").read_text())
+    kinds = {label: v["quantization"] for label, v in run["extra"]["variants"].items()}
+    assert kinds == {"ar@llamacpp": target.spec.dtype, "ar@llamacpp BF16": "BF16"}
+    summary = json.loads((out / "summary.json").read_text())
+    fastest = max(kinds, key=lambda label: summary["overall"][label]["tokens_per_s"])
+    assert {m["best_plain"] for m in summary["overall"].values()} == {fastest}
+    capsys.readouterr()
+    base = ["generate", "--engine", "llamacpp", "--method", "ar"]
+    check_error(capsys, [*base, "--gguf-type", "q4", "x"], "--gguf-type", "'q4'")
+    check_error(
+        capsys, [*base, "--target", str(target.path), "--gguf-type", "bf16", "x"], "bf16", "GGUF file"
+    )
+
+
 def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
     from draftlab.cli import bench, llamacpp_engine
 
@@ -557,6 +617,33 @@ def test_exported_gguf_draft_drives_sps_on_llamacpp(tmp_path, one_thread, prompt
         assert out_sps.tokens == want
         accepted += out_sps.stats.accepted
     assert accepted > 0
+
+
+@pytest.mark.parametrize("outtype", ["bf16", "q4_0"])
+def test_export_gguf_in_llamacpp_kernels_formats(tmp_path, gguf, capsys, outtype):
+    """bf16 holds each weight rounded to bfloat16 exactly; q4_0 holds it within one step of its
+    block's scale (largest magnitude / 8 per 32 weights), as transformers' GGUF loader reads it back."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / f"draft-{outtype}.gguf"
+    assert main(["models", "export-gguf", DRAFT, "--out", str(out), "--outtype", outtype]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    hf = load_model(ModelSpec(DRAFT, dtype="float32")).model.state_dict()
+    back = AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=out.name, dtype=torch.float32
+    ).state_dict()
+    for name, weight in hf.items():
+        if weight.dim() == 1 or outtype == "bf16":
+            want = weight if weight.dim() == 1 else weight.to(torch.bfloat16).float()
+            assert torch.equal(back[name], want), name
+            continue
+        blocks = weight.reshape(-1, 32)
+        step = blocks.abs().amax(dim=1, keepdim=True) / 8
+        error = (back[name].reshape(-1, 32) - blocks).abs()
+        assert bool((error <= step * 1.001 + 1e-7).all()), name
+        assert float(error.max()) > 0  # quantized, not copied
+    if HAVE_LLAMA_CPP:
+        assert f"loaded back by llama.cpp ({outtype.upper()})" in err
 
 
 def test_export_gguf_bad_input_is_one_line(capsys, tmp_path, tiny_pair, gguf):

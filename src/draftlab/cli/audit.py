@@ -420,7 +420,13 @@ def _recheck_copy(lm):
     if runs_on_llamacpp(lm):
         from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
 
-        return load_llamacpp(lm.spec.name, tokenizer=lm.tokenizer, n_ctx=lm.context_length, n_threads=1)
+        return load_llamacpp(
+            lm.spec.name,
+            tokenizer=lm.tokenizer,
+            n_ctx=lm.context_length,
+            n_threads=1,
+            storage=lm.spec.storage,
+        )
     return load_spec(dataclasses.replace(lm.spec, dtype="float32"))
 
 

@@ -69,7 +69,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--ar-dtypes",
         default="supported",
         help="also run ar in these dtypes (comma-separated), so that 'vs best ar' compares with the "
-        "fastest plain decoding here: supported (default: every dtype the device supports) or none",
+        "fastest plain decoding here: supported (default: every dtype the device supports) or none; "
+        "on llama.cpp, ar also runs on the catalogue target's other storage of its own GGUF and bf16",
     )
     add_compile_arg(
         p,
@@ -104,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
     examples = suite_examples(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
     hf = "hf" in engines
+    gguf_target = gguf_file_target(args, engines)
     if hf:
         target, draft = load_pair(args, needs_draft)
+    elif gguf_target:  # a GGUF file has no transformers shell: llama.cpp's model is the target
+        target, draft = llamacpp_engine.load_pair(args, needs_draft)
     else:  # vLLM or llama.cpp hold the target's weights: only its tokenizer and config are read here
         target, draft = load_shells(args, needs_draft)
         if draft is not None and "llamacpp" in engines:
@@ -197,6 +201,22 @@ def default_methods(args: argparse.Namespace) -> str:
     return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
 
 
+def gguf_file_target(args: argparse.Namespace, engines: list[str]) -> bool:
+    """Whether --target names a .gguf file for a llama.cpp-only run; any other engine needs the
+    target as transformers loads it (a catalogue name or a Hugging Face folder)."""
+    name = args.target or ""
+    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
+
+    if not name or name in ENTRIES or not is_llamacpp_source(name):
+        return False
+    if engines != ["llamacpp"]:
+        raise DraftlabError(
+            f"--target '{name}' is a GGUF file, which only the llamacpp engine runs; "
+            f"got --engines {','.join(engines)}"
+        )
+    return True
+
+
 def default_llamacpp(args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
     """The default run adds llama.cpp's plain decoding of the target's own GGUF when llama.cpp is
     installed: "vs best ar" must count the fastest plain decoding a CPU user has."""
@@ -215,9 +235,13 @@ def llamacpp_variants(
     sampling,
 ) -> tuple[list[Variant], dict]:
     """The methods on llama.cpp: our loop over the GGUF target, with the transformers draft for sps."""
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.models.llamacpp import load_llamacpp, runs_on_llamacpp
 
-    gguf = load_llamacpp(target.spec.name, tokenizer=args.tokenizer or target.tokenizer, n_ctx=args.n_ctx)
+    tokenizer = args.tokenizer or target.tokenizer
+    if runs_on_llamacpp(target):
+        gguf = target
+    else:
+        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=args.gguf_type)
     variants = []
     costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
     for method, config in configs.items():
@@ -230,7 +254,29 @@ def llamacpp_variants(
                 costs[id(uses_draft)] = cost_model(args, gguf, uses_draft)
             cost = costs[id(uses_draft)]
         variants.append(Variant(method + LLAMACPP_SUFFIX, config, gguf, uses_draft, sampling, params, cost))
+    for storage in other_storages(args, gguf):
+        plain = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
+        params = {
+            **variant_params(args, configs["ar"]),
+            "engine": "llamacpp",
+            "quantization": plain.spec.dtype,
+        }
+        label = f"ar{LLAMACPP_SUFFIX} {plain.spec.dtype}"
+        variants.append(Variant(label, configs["ar"], plain, None, sampling, params))
     return variants, {"gguf": gguf.path, "quantization": gguf.spec.dtype, "threads": gguf.threads}
+
+
+def other_storages(args: argparse.Namespace, gguf) -> list[str]:
+    """Where llama.cpp runs a catalogue target from its own GGUF or its BF16 copy, "vs best ar" counts
+    plain decoding on the other too (unless --ar-dtypes none): the same weights, other kernels, and on
+    our CPUs neither is fastest everywhere (BF16 prefills faster, Q4_1 decodes faster)."""
+    from draftlab.models.llamacpp import OWN_STORAGE  # noqa: PLC0415
+    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
+
+    pair = (OWN_STORAGE, "bf16")
+    if args.ar_dtypes == "none" or gguf.spec.name not in ENTRIES or gguf.spec.storage not in pair:
+        return []
+    return [s for s in pair if s != gguf.spec.storage]
 
 
 def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:

@@ -7,7 +7,8 @@ import argparse
 from draftlab.cli.common import load_spec, model_names
 from draftlab.decode.methods import method_spec
 from draftlab.errors import DraftlabError
-from draftlab.models.llamacpp import LlamaCppLM, is_llamacpp_source, load_llamacpp
+from draftlab.models.gguf_export import OUTTYPES
+from draftlab.models.llamacpp import OWN_STORAGE, LlamaCppLM, is_llamacpp_source, load_llamacpp
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible
 
 ENGINES = ("hf", "llamacpp")
@@ -39,6 +40,14 @@ def add_llamacpp_args(g) -> None:
     )
     g.add_argument(
         "--n-ctx", type=int, default=None, help="llamacpp: context to allocate (default: min(4096, trained))"
+    )
+    g.add_argument(
+        "--gguf-type",
+        default=OWN_STORAGE,
+        metavar="TYPE",
+        help=f"llamacpp: what llama.cpp runs a catalogue target from: {OWN_STORAGE} (default: the GGUF it "
+        f"ships as) or its weights exported once into the model cache as {', '.join(OUTTYPES)}. The "
+        "storage picks llama.cpp's kernels, so what prefill and verification cost (docs/engines.md)",
     )
 
 
@@ -79,7 +88,7 @@ def load_pair(
     target_name, draft_name = model_names(args, need_draft)
     if need_draft and draft_name is None:
         raise DraftlabError("this method needs a draft model: pass --draft")
-    target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx)
+    target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=args.gguf_type)
     if draft_name is None:
         return target, None
     draft: LoadedModel | LlamaCppLM

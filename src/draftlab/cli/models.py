@@ -39,7 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "name", metavar="NAME", help="registry name, folder or hub id (a Llama-architecture model)"
     )
     export.add_argument("--out", required=True, help="the .gguf file to write")
-    export.add_argument("--outtype", default="f16", help="f32, f16 (default) or q8_0 for the matrices")
+    export.add_argument(
+        "--outtype",
+        default="f16",
+        help="f32, f16 (default), bf16, q8_0 or q4_0 for the matrices (the storage "
+        "picks llama.cpp's kernels, so also what a verification pass costs: see docs/engines.md)",
+    )
     export.add_argument(
         "--reference", default=None, help="GGUF whose tokenizer to copy (default: the default target's)"
     )

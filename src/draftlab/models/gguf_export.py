@@ -17,6 +17,7 @@ loader undoes them):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,17 @@ from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 
 # --outtype: the matrices' storage (norms always stay float32), with llama.cpp's file type number.
-OUTTYPES = {"f32": ("F32", 0), "f16": ("F16", 1), "q8_0": ("Q8_0", 7)}
+# The storage also picks llama.cpp's kernels, hence the cost of a verification pass: on our CPUs
+# Q4_0 (repacked for AVX2/AVX-512 at load) and BF16 verify 4 tokens for 1.3-1.6x a 1-token pass,
+# Q4_1 and Q8_0 for 2.2-2.9x (docs/engines.md). Q4_0 is the gguf package's plain rounding and
+# loses more than the others (`draftlab models export-gguf` prints the top-1 agreement).
+OUTTYPES = {
+    "f32": ("F32", 0),
+    "f16": ("F16", 1),
+    "bf16": ("BF16", 32),
+    "q8_0": ("Q8_0", 7),
+    "q4_0": ("Q4_0", 2),
+}
 LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -122,7 +133,7 @@ def export_gguf(lm: LoadedModel, out: Path, reference: Path, outtype: str = "f16
         tensors.append(("output.weight", state["lm_head.weight"]))
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")  # two processes never share one
     writer = GGUFWriter(partial, "llama")
     writer.add_name(Path(lm.spec.name).name)
     writer.add_context_length(int(config.max_position_embeddings))

@@ -53,6 +53,7 @@ GGUF_MAGIC = b"GGUF"
 # Contexts beyond this are opt-in: the KV cache is allocated whole at load (94 MB for the default
 # target at 4096 positions, gigabytes for a 7B model at its trained 32k).
 DEFAULT_N_CTX = 4096
+OWN_STORAGE = "own"  # a catalogue model's GGUF as it ships (the default target's: Q4_1)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class LlamaCppSpec:
     device: str = "cpu"
     attn_implementation: str | None = None
     engine: str = "llamacpp"
+    storage: str = OWN_STORAGE  # a catalogue model's own GGUF, or the export type it runs from
 
 
 @dataclass(eq=False)
@@ -285,15 +287,19 @@ def load_llamacpp(
     tokenizer: str | PreTrainedTokenizerBase | None = None,
     n_ctx: int | None = None,
     n_threads: int | None = None,
+    storage: str = OWN_STORAGE,
 ) -> LlamaCppLM:
     """Load a GGUF with llama.cpp: a catalogue name (its own GGUF) or a path to a .gguf file.
 
     `tokenizer` is the matching Hugging Face tokenizer: a folder, a hub id or a loaded tokenizer; by
     default the catalogue entry's converted folder, or for a file the GGUF's own vocabulary read by
     transformers. `n_threads` defaults to torch's thread count, so both engines use the same cores.
+    `storage`: a catalogue target's own GGUF, or its weights in another storage (`exported_gguf`).
     """
     llama_cpp = _import_llama_cpp()
     gguf, tokenizer_source = _locate(name)
+    if storage != OWN_STORAGE:
+        gguf = exported_gguf(name, gguf, storage)
     if tokenizer is None:
         tokenizer = tokenizer_source
     hf_tokenizer, eos = _load_tokenizer(tokenizer, gguf, name)
@@ -308,8 +314,34 @@ def load_llamacpp(
     if not eos:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         eos = {t for t in (llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)) if t >= 0}
-    spec = LlamaCppSpec(name=name, dtype=_file_type(llm))
+    spec = LlamaCppSpec(name=name, dtype=_file_type(llm), storage=storage)
     return LlamaCppLM(llm, hf_tokenizer, spec, str(gguf), eos)
+
+
+def exported_gguf(name: str, own: Path, storage: str) -> Path:
+    """The catalogue model `name` as a GGUF of `storage` (gguf_export.OUTTYPES), written once from its
+    transformers checkpoint into the model cache, and again whenever its own GGUF is newer.
+
+    The same weights in other storage run other llama.cpp kernels: on the Zen5, the default target's
+    BF16 copy prefills several times faster than its Q4_1 file and verifies 4 tokens for 1.7 steps
+    against 2.7 (docs/engines.md), so "vs best ar" must see it."""
+    from draftlab.models.cache import home  # noqa: PLC0415
+    from draftlab.models.gguf_export import OUTTYPES, export_gguf  # noqa: PLC0415
+    from draftlab.models.loading import ModelSpec, load_model  # noqa: PLC0415
+
+    if storage not in OUTTYPES:
+        raise DraftlabError(
+            f"--gguf-type must be {OWN_STORAGE} or one of {', '.join(OUTTYPES)}, got '{storage}'"
+        )
+    if name not in ENTRIES:
+        raise DraftlabError(
+            f"--gguf-type {storage} needs a catalogue model to export from; '{name}' is a GGUF file "
+            "(convert it yourself, or pass --gguf-type own)"
+        )
+    out = home() / "gguf" / f"{name}-{storage}.gguf"
+    if not out.is_file() or out.stat().st_mtime < own.stat().st_mtime:
+        export_gguf(load_model(ModelSpec(name, dtype="float32")), out, own, storage)
+    return out
 
 
 def _import_llama_cpp():

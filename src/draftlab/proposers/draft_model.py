@@ -6,7 +6,7 @@ import torch
 
 from draftlab.models.cached import CachedModel
 from draftlab.proposers.base import Proposal, Proposer
-from draftlab.sampling import Sampler, SamplingParams, warp_probs
+from draftlab.sampling import Sampler, SamplingParams, argmax_rows, warp_probs
 
 
 class DraftModelBase(Proposer):
@@ -76,7 +76,7 @@ class DraftModelProposer(DraftModelBase):
             if not self._keep_going(probs, logits):
                 fell_back = True
                 break
-            token = int(torch.argmax(logits).item()) if probs is None else sampler.draw(probs)
+            token = argmax_rows(logits)[0] if probs is None else sampler.draw(probs)
             tokens.append(token)
             if probs is not None:
                 rows.append(probs)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from draftlab.proposal import Proposal
-from draftlab.sampling import Sampler, SamplingParams, warp_probs
+from draftlab.sampling import Sampler, SamplingParams, argmax_rows, warp_probs
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SpeculativeRule(AcceptanceRule):
         k = len(proposal.tokens)
         if params.greedy:
             # Accept the longest prefix on which the draft agrees with the target's argmax.
-            best = torch.argmax(target_logits, dim=-1).tolist()
+            best = argmax_rows(target_logits)
             n = 0
             while n < k and proposal.tokens[n] == best[n]:
                 n += 1
@@ -78,7 +78,7 @@ class SpeculativeRule(AcceptanceRule):
         path: list[int] = []
         node = -1
         if params.greedy:
-            best = torch.argmax(target_logits, dim=-1).tolist()
+            best = argmax_rows(target_logits)
             while True:
                 want = best[node + 1]
                 node = next((c for c in children[node] if tokens[c] == want), None)
@@ -135,5 +135,5 @@ class BildRule(AcceptanceRule):
     @staticmethod
     def _large_token(logits: torch.Tensor, params: SamplingParams, sampler: Sampler) -> int:
         if params.greedy:
-            return int(torch.argmax(logits).item())
+            return argmax_rows(logits)[0]
         return sampler.draw(warp_probs(logits, params))
