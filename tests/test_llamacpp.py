@@ -432,6 +432,21 @@ def test_gguf_type_runs_the_catalogue_target_from_an_export(tmp_path, target, ca
     )
 
 
+def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
+    from draftlab.cli.bench import other_storages
+
+    def lm(name, storage):
+        return SimpleNamespace(spec=SimpleNamespace(name=name, storage=storage))
+
+    supported, none = SimpleNamespace(ar_dtypes="supported"), SimpleNamespace(ar_dtypes="none")
+    assert other_storages(supported, lm(TARGET, "own")) == ["bf16"]
+    assert other_storages(supported, lm(TARGET, "bf16")) == ["own"]
+    assert other_storages(SimpleNamespace(ar_dtypes="float32"), lm(TARGET, "own")) == ["bf16"]
+    assert other_storages(none, lm(TARGET, "own")) == []
+    assert other_storages(supported, lm(TARGET, "q8_0")) == []  # a storage asked for: that one only
+    assert other_storages(supported, lm("/models/x.gguf", "own")) == []  # a file: nothing to export from
+
+
 def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
     from draftlab.cli import bench, llamacpp_engine
 
