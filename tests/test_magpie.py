@@ -83,3 +83,21 @@ def test_a_target_without_a_chat_template_is_a_one_line_error(stories, tmp_path,
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--magpie-prompts" in err and "chat template" in err
+
+
+def test_readme_says_where_the_requests_came_from():
+    """A run that wrote no requests (all on disk) says so, not "0.0 s this run"."""
+    from draftlab.distill.eagle_pipeline import _readme
+
+    def readme(seconds: float) -> str:
+        recipe = {
+            "data": {"magpie_prompts": 25, "magpie_seconds_this_run": seconds, "train_sequences": 1,
+                     "held_out_sequences": 0},
+            "held_out": None, "train_config": {"batch_tokens": 64, "ttt_steps": 2, "lr": 0.001},
+            "target": {"name": "t", "dtype": "float32", "aux_layers": [0, 1, 2], "layers": 3},
+            "head": {"parameters": 1e6, "draft_vocab_size": 64}, "trained_steps": 2, "train_seconds": 1.0,
+        }  # fmt: skip
+        return _readme(recipe)
+
+    assert "Magpie requests written by the target: 25 (12.5 s this run)" in readme(12.5)
+    assert "Magpie requests written by the target: 25 (all written by an earlier run)" in readme(0.0)

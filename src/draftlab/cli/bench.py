@@ -204,9 +204,9 @@ def default_methods(args: argparse.Namespace) -> str:
 def gguf_file_target(args: argparse.Namespace, engines: list[str]) -> bool:
     """Whether --target names a .gguf file for a llama.cpp-only run; any other engine needs the
     target as transformers loads it (a catalogue name or a Hugging Face folder)."""
-    name = args.target or ""
     from draftlab.models.registry import ENTRIES  # noqa: PLC0415
 
+    name = args.target or ""
     if not name or name in ENTRIES or not is_llamacpp_source(name):
         return False
     if engines != ["llamacpp"]:

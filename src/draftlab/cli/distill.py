@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from draftlab.errors import DraftlabError
 
@@ -194,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError("--resume and --restart contradict each other")
     if args.head:
         return _run_head(args)
-    from draftlab.distill.pipeline import run as run_pipeline  # noqa: PLC0415 - keeps `--help` fast
+    from draftlab.distill.pipeline import distill  # noqa: PLC0415 - keeps `--help` fast
 
-    result = run_pipeline(args)
+    result = distill(distill_config(args))
     if args.json:
         print(json.dumps(result, default=str))
         return 0
@@ -218,7 +219,7 @@ def _run_head(args: argparse.Namespace) -> int:
 
     from draftlab.distill.eagle_pipeline import HeadOptions, distill_head  # noqa: PLC0415
     from draftlab.distill.eagle_train import HeadTrainConfig  # noqa: PLC0415
-    from draftlab.distill.pipeline import DistillConfig, autocast_enabled  # noqa: PLC0415
+    from draftlab.distill.pipeline import autocast_enabled  # noqa: PLC0415
 
     train = HeadTrainConfig(
         steps=args.steps,
@@ -233,7 +234,7 @@ def _run_head(args: argparse.Namespace) -> int:
         autocast=autocast_enabled(args.autocast, torch.device(args.device)),
     )
     opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
-    result = distill_head(DistillConfig.from_args(args), opts)
+    result = distill_head(distill_config(args), opts)
     if args.json:
         print(json.dumps(result, default=str))
         return 0
@@ -259,3 +260,72 @@ def _run_head(args: argparse.Namespace) -> int:
             f"{dec['speedup']:.2f}× ar over {dec['prompts']} prompts"
         )
     return 0
+
+
+def distill_config(args: argparse.Namespace):
+    """The parsed command line as the distill pipeline's configuration (the head reads it too)."""
+    import torch  # noqa: PLC0415
+
+    from draftlab.distill import pipeline as P  # noqa: PLC0415, N812
+    from draftlab.distill import train as T  # noqa: PLC0415, N812
+
+    out = Path(args.out).expanduser()
+    prompt_paths = [Path(p).expanduser() for p in (args.prompts or [])]
+    if not prompt_paths and not args.no_default_prompts and P.package_data("distill_prompts.jsonl"):
+        prompt_paths = [P.package_data("distill_prompts.jsonl")]
+    eval_prompts = (
+        Path(args.eval_prompts).expanduser() if args.eval_prompts else P.package_data("builtin_suite.jsonl")
+    )
+    return P.DistillConfig(
+        target=args.target,
+        target_dtype=args.target_dtype,
+        device=args.device,
+        out=out,
+        work=Path(args.work_dir).expanduser() if args.work_dir else out.parent / f"{out.name}.work",
+        resume=args.resume,
+        restart=args.restart,
+        quiet=args.quiet,
+        init_from=args.init_from,
+        shape=T.DraftShape(args.hidden_size, args.layers, args.intermediate_size, args.heads, args.kv_heads),
+        train=T.TrainConfig(
+            steps=args.steps,
+            batch_tokens=args.batch_tokens,
+            max_len=args.max_len,
+            lr=args.lr,
+            warmup=min(args.warmup, max(1, args.steps // 5)),
+            weight_decay=args.weight_decay,
+            kl_weight=args.kl_weight,
+            ce_weight=args.ce_weight,
+            prompt_weight=args.prompt_weight,
+            raw_weight=args.raw_weight,
+            save_every=args.save_every,
+            log_every=args.log_every,
+            seed=args.seed,
+            autocast=P.autocast_enabled(args.autocast, torch.device(args.device)),
+        ),
+        data=P.DataConfig(
+            prompt_paths=tuple(prompt_paths),
+            text_paths=tuple(Path(p).expanduser() for p in (args.text or [])),
+            corpus_prompts=args.corpus_prompts,
+            synth_prompts=args.synth_prompts,
+            raw_chunks=args.raw_chunks,
+            raw_chars=args.raw_chars,
+            samples_per_prompt=args.samples_per_prompt,
+            sample_temperature=args.sample_temperature,
+            max_new_tokens=args.max_new_tokens,
+            top_k=args.top_k,
+            gen_batch_size=args.gen_batch_size,
+            gen_minutes=args.gen_minutes,
+            gen_dtype=args.gen_dtype,
+            max_len=args.max_len,
+            magpie_prompts=args.magpie_prompts,
+        ),
+        eval=P.EvalConfig(
+            prompts=eval_prompts if args.eval_per_category > 0 else None,
+            per_category=args.eval_per_category,
+            gamma=args.eval_gamma,
+            max_new_tokens=args.eval_max_new_tokens,
+        ),
+        seed=args.seed,
+        cli={k: v for k, v in vars(args).items() if k != "func" and not callable(v)},
+    )

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from draftlab.bench.runner import Variant
 from draftlab.cli.common import head_name, model_names
-from draftlab.cli.llamacpp_engine import add_llamacpp_args
+from draftlab.cli.llamacpp_engine import add_llamacpp_args, check_gguf_type
 from draftlab.decode.methods import DecoderConfig, method_spec
 from draftlab.engines import ENGINES
 from draftlab.errors import DraftlabError
@@ -88,6 +88,7 @@ def engine_args(args: argparse.Namespace):
 def check_engine_args(args: argparse.Namespace, engines: list[str]) -> None:
     """Engine arguments are checked before anything loads, whichever engines run."""
     engine_args(args)
+    check_gguf_type(args)
     if args.vllm_alive < 0:
         raise DraftlabError(f"--vllm-alive must be >= 0, got {args.vllm_alive}")
     if args.vllm_block < 1:

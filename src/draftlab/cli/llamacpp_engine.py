@@ -51,6 +51,14 @@ def add_llamacpp_args(g) -> None:
     )
 
 
+def check_gguf_type(args: argparse.Namespace) -> None:
+    """--gguf-type is checked before anything loads."""
+    if args.gguf_type not in (OWN_STORAGE, *OUTTYPES):
+        raise DraftlabError(
+            f"--gguf-type must be {OWN_STORAGE} or one of {', '.join(OUTTYPES)}, got '{args.gguf_type}'"
+        )
+
+
 def installed() -> bool:
     """Whether llama-cpp-python can be imported here (without importing it)."""
     import importlib.util
@@ -83,6 +91,7 @@ def load_pair(
             f"--device {args.device}: the llama.cpp target runs on the CPU here; place a transformers "
             "draft with --draft-device"
         )
+    check_gguf_type(args)
     if args.n_ctx is not None and args.n_ctx < 1:
         raise DraftlabError(f"--n-ctx must be >= 1, got {args.n_ctx}")
     target_name, draft_name = model_names(args, need_draft)

@@ -303,10 +303,9 @@ def _readme(r: dict) -> str:
         f"training-time-test steps, lr {t['lr']}, {r['train_seconds']:.0f} s in all",
     ]
     if d.get("magpie_prompts"):
-        lines.append(
-            f"- Magpie requests written by the target: {d['magpie_prompts']} "
-            f"({d.get('magpie_seconds_this_run', 0)} s this run)"
-        )
+        seconds = d.get("magpie_seconds_this_run", 0)
+        when = f"{seconds} s this run" if seconds else "all written by an earlier run"
+        lines.append(f"- Magpie requests written by the target: {d['magpie_prompts']} ({when})")
     if h.get("first_token_top1") is not None:
         lines.append(
             f"- held-out answers ({h['positions']} positions): first-token top-1 {h['first_token_top1']:.3f}, "

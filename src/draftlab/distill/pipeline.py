@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
@@ -92,71 +91,6 @@ class DistillConfig:
     def data_dir(self) -> Path:
         return self.work / "data"
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DistillConfig:
-        out = Path(args.out).expanduser()
-        prompt_paths = [Path(p).expanduser() for p in (args.prompts or [])]
-        if not prompt_paths and not args.no_default_prompts and package_data("distill_prompts.jsonl"):
-            prompt_paths = [package_data("distill_prompts.jsonl")]
-        eval_prompts = (
-            Path(args.eval_prompts).expanduser() if args.eval_prompts else package_data("builtin_suite.jsonl")
-        )
-        return cls(
-            target=args.target,
-            target_dtype=args.target_dtype,
-            device=args.device,
-            out=out,
-            work=Path(args.work_dir).expanduser() if args.work_dir else out.parent / f"{out.name}.work",
-            resume=args.resume,
-            restart=args.restart,
-            quiet=args.quiet,
-            init_from=args.init_from,
-            shape=T.DraftShape(
-                args.hidden_size, args.layers, args.intermediate_size, args.heads, args.kv_heads
-            ),
-            train=T.TrainConfig(
-                steps=args.steps,
-                batch_tokens=args.batch_tokens,
-                max_len=args.max_len,
-                lr=args.lr,
-                warmup=min(args.warmup, max(1, args.steps // 5)),
-                weight_decay=args.weight_decay,
-                kl_weight=args.kl_weight,
-                ce_weight=args.ce_weight,
-                prompt_weight=args.prompt_weight,
-                raw_weight=args.raw_weight,
-                save_every=args.save_every,
-                log_every=args.log_every,
-                seed=args.seed,
-                autocast=autocast_enabled(args.autocast, torch.device(args.device)),
-            ),
-            data=DataConfig(
-                prompt_paths=tuple(prompt_paths),
-                text_paths=tuple(Path(p).expanduser() for p in (args.text or [])),
-                corpus_prompts=args.corpus_prompts,
-                synth_prompts=args.synth_prompts,
-                raw_chunks=args.raw_chunks,
-                raw_chars=args.raw_chars,
-                samples_per_prompt=args.samples_per_prompt,
-                sample_temperature=args.sample_temperature,
-                max_new_tokens=args.max_new_tokens,
-                top_k=args.top_k,
-                gen_batch_size=args.gen_batch_size,
-                gen_minutes=args.gen_minutes,
-                gen_dtype=args.gen_dtype,
-                max_len=args.max_len,
-                magpie_prompts=args.magpie_prompts,
-            ),
-            eval=EvalConfig(
-                prompts=eval_prompts if args.eval_per_category > 0 else None,
-                per_category=args.eval_per_category,
-                gamma=args.eval_gamma,
-                max_new_tokens=args.eval_max_new_tokens,
-            ),
-            seed=args.seed,
-            cli={k: v for k, v in vars(args).items() if k != "func" and not callable(v)},
-        )
-
 
 def autocast_enabled(choice: str, device: torch.device) -> bool:
     if choice != "auto":
@@ -239,10 +173,6 @@ def read_inputs(data: DataConfig, seed: int) -> Inputs:
         synth_items,
     )
     return Inputs(prompt_items, corpus_items, raw_chunks, jobs, synth_items)
-
-
-def run(args: argparse.Namespace) -> dict:
-    return distill(DistillConfig.from_args(args))
 
 
 def distill(cfg: DistillConfig) -> dict:

@@ -340,6 +340,9 @@ def exported_gguf(name: str, own: Path, storage: str) -> Path:
         )
     out = home() / "gguf" / f"{name}-{storage}.gguf"
     if not out.is_file() or out.stat().st_mtime < own.stat().st_mtime:
+        from rich.console import Console  # noqa: PLC0415
+
+        Console(stderr=True).print(f"[dim]writing {name} as a {storage} GGUF for llama.cpp (once): {out}[/]")
         export_gguf(load_model(ModelSpec(name, dtype="float32")), out, own, storage)
     return out
 
