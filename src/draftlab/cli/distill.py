@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftlab.errors import DraftlabError
+
+if TYPE_CHECKING:
+    from draftlab.distill.pipeline import DistillConfig
 
 
 def _parse(text: str, kind, what: str):
@@ -215,24 +219,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_head(args: argparse.Namespace) -> int:
-    import torch  # noqa: PLC0415
-
     from draftlab.distill.eagle_pipeline import HeadOptions, distill_head  # noqa: PLC0415
     from draftlab.distill.eagle_train import HeadTrainConfig  # noqa: PLC0415
-    from draftlab.distill.pipeline import autocast_enabled  # noqa: PLC0415
 
-    train = HeadTrainConfig(
-        steps=args.steps,
-        batch_tokens=args.batch_tokens,
-        max_len=args.max_len,
-        ttt_steps=args.ttt_steps,
-        lr=args.lr,
-        warmup=min(args.warmup, max(1, args.steps // 5)),
-        weight_decay=args.weight_decay,
-        prompt_weight=args.prompt_weight,
-        seed=args.seed,
-        autocast=autocast_enabled(args.autocast, torch.device(args.device)),
-    )
+    train = HeadTrainConfig(**_training(args), ttt_steps=args.ttt_steps)
     opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
     result = distill_head(distill_config(args), opts)
     if args.json:
@@ -262,10 +252,8 @@ def _run_head(args: argparse.Namespace) -> int:
     return 0
 
 
-def distill_config(args: argparse.Namespace):
+def distill_config(args: argparse.Namespace) -> DistillConfig:
     """The parsed command line as the distill pipeline's configuration (the head reads it too)."""
-    import torch  # noqa: PLC0415
-
     from draftlab.distill import pipeline as P  # noqa: PLC0415, N812
     from draftlab.distill import train as T  # noqa: PLC0415, N812
 
@@ -288,20 +276,12 @@ def distill_config(args: argparse.Namespace):
         init_from=args.init_from,
         shape=T.DraftShape(args.hidden_size, args.layers, args.intermediate_size, args.heads, args.kv_heads),
         train=T.TrainConfig(
-            steps=args.steps,
-            batch_tokens=args.batch_tokens,
-            max_len=args.max_len,
-            lr=args.lr,
-            warmup=min(args.warmup, max(1, args.steps // 5)),
-            weight_decay=args.weight_decay,
+            **_training(args),
             kl_weight=args.kl_weight,
             ce_weight=args.ce_weight,
-            prompt_weight=args.prompt_weight,
             raw_weight=args.raw_weight,
             save_every=args.save_every,
             log_every=args.log_every,
-            seed=args.seed,
-            autocast=P.autocast_enabled(args.autocast, torch.device(args.device)),
         ),
         data=P.DataConfig(
             prompt_paths=tuple(prompt_paths),
@@ -329,3 +309,22 @@ def distill_config(args: argparse.Namespace):
         seed=args.seed,
         cli={k: v for k, v in vars(args).items() if k != "func" and not callable(v)},
     )
+
+
+def _training(args: argparse.Namespace) -> dict:
+    """What a draft's and a head's training share on the command line."""
+    import torch  # noqa: PLC0415
+
+    from draftlab.distill.pipeline import autocast_enabled  # noqa: PLC0415
+
+    return {
+        "steps": args.steps,
+        "batch_tokens": args.batch_tokens,
+        "max_len": args.max_len,
+        "lr": args.lr,
+        "warmup": min(args.warmup, max(1, args.steps // 5)),
+        "weight_decay": args.weight_decay,
+        "prompt_weight": args.prompt_weight,
+        "seed": args.seed,
+        "autocast": autocast_enabled(args.autocast, torch.device(args.device)),
+    }
