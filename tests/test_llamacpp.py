@@ -558,6 +558,39 @@ def test_audit_on_llamacpp_with_power(capsys, tmp_path, own_profiles, target):
 
 
 @needs_llama_cpp
+def test_audit_of_an_exported_storage_rechecks_on_the_checkpoint(capsys, tmp_path):
+    """`--gguf-type bf16`: llama.cpp's BF16 passes of one and of several tokens round differently even
+    on one thread, so a difference is rerun on the transformers checkpoint in float32, not on one
+    thread; the target's own Q4_1 file keeps the one-thread recheck."""
+    from draftlab.cli.audit import Audit
+
+    def lm(storage):
+        return SimpleNamespace(spec=SimpleNamespace(name=TARGET, engine="llamacpp", storage=storage))
+
+    assert Audit.recheck_key(lm("bf16"), None) == "float32"
+    assert Audit.recheck_key(lm("own"), None) == "one_thread"
+    out = tmp_path / "audit.json"
+    argv = [
+        "audit",
+        "--engine",
+        "llamacpp",
+        "--gguf-type",
+        "bf16",
+        "--methods",
+        "pld",
+        "--samples",
+        "0",
+        "--fixed-k",
+    ]
+    assert main([*argv, "--max-new-tokens", "48", "--quiet", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "audit: lossless: pld"
+    result = json.loads(out.read_text())
+    assert result["recheck"] == "float32" and result["dtype"]["target"] == "BF16"
+    pld = result["methods"]["pld"]
+    assert all(d["float32"] == "matches" for d in pld["greedy"]["divergences"])
+
+
+@needs_llama_cpp
 def test_audit_on_llamacpp_refuses_what_it_cannot_run(capsys):
     check_error(
         capsys,
