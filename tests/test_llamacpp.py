@@ -289,6 +289,27 @@ def test_two_decoders_on_one_model_take_turns(target, prompts):
 
 
 @needs_llama_cpp
+def test_rows_of_a_long_pass_round_as_plain_decoding_reads_them(one_thread):
+    """A pass of 64+ tokens rounds unlike a shorter one, even on one thread: the rows a speculative
+    pass reads must still equal plain decoding's (the prompt's last row from the prompt's own pass,
+    each later row from a 1-token pass), bitwise."""
+    from draftlab.models.llamacpp import SHORT_PASS
+
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(1000, 20000, (40,), generator=gen).tolist()
+    more = torch.randint(1000, 20000, (30,), generator=gen).tolist()
+    assert len(prompt) < SHORT_PASS <= len(prompt) + len(more)
+    plain = cached(one_thread)
+    plain.start(prompt + more)
+    want = [plain.forward(prompt, keep=1)] + [plain.forward([t]) for t in more]
+    model = cached(one_thread)
+    model.start(prompt + more)
+    got = model.forward(prompt + more, keep=len(more) + 1)
+    assert torch.equal(got, torch.cat(want))
+    assert model.length == len(prompt) + len(more)
+
+
+@needs_llama_cpp
 def test_generate_cli_on_llamacpp(capsys, target, prompts):
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox"
     common = [

@@ -53,6 +53,11 @@ GGUF_MAGIC = b"GGUF"
 # Contexts beyond this are opt-in: the KV cache is allocated whole at load (94 MB for the default
 # target at 4096 positions, gigabytes for a 7B model at its trained 32k).
 DEFAULT_N_CTX = 4096
+# llama.cpp 0.3.36 rounds a pass of this many tokens or more unlike a shorter one, even on one thread
+# (the last row of a 30- to 63-token prompt moved by 0.44-0.60 in the logits when its pass reached 64
+# tokens; passes on the same side were bitwise equal, on the Zen5). A pass that reads several rows is
+# split so that each row is computed on the side plain decoding computes it.
+SHORT_PASS = 64
 OWN_STORAGE = "own"  # a catalogue model's GGUF as it ships (the default target's: Q4_1)
 
 
@@ -178,8 +183,18 @@ class LlamaCppModel:
                 f"{len(self._tokens) + len(new_ids)} tokens exceed the llama.cpp context of {self._n_ctx} "
                 f"tokens ('{self.lm.spec.name}')"
             )
-        if self.use_cache:
-            logits = self._decode(new_ids, len(self._tokens), keep)
+        start = len(self._tokens)
+        if self.use_cache and len(new_ids) >= SHORT_PASS and keep > 1:
+            # Plain decoding reads the prompt's last row from the prompt's pass and every later row
+            # from a 1-token pass: so does this, in passes on the same side of SHORT_PASS.
+            head = len(new_ids) - keep + 1
+            rows = [self._decode(new_ids[:head], start, 1)]
+            for begin in range(head, len(new_ids), SHORT_PASS - 1):
+                chunk = new_ids[begin : begin + SHORT_PASS - 1]
+                rows.append(self._decode(chunk, start + begin, len(chunk)))
+            logits = torch.cat(rows)
+        elif self.use_cache:
+            logits = self._decode(new_ids, start, keep)
         else:  # the ablation: recompute the whole sequence, as CachedModel does without a cache
             self._api.llama_memory_clear(self._memory, False)
             logits = self._decode(self._tokens + list(new_ids), 0, keep)
