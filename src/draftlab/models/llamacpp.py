@@ -24,8 +24,10 @@ Facts about llama-cpp-python 0.3.36 this relies on (read in its llama.py and _in
   of the same positions differed by up to 1.3 (of 38) on the default target: greedy `sps` left
   `ar`'s tokens at token 28 of a translation prompt. With it, both passes were bitwise equal on our
   AVX-512 Xeon, so flash attention is on.
-* llama.cpp's batch API has no per-token attention mask; trees would need one sequence id per branch
-  and a KV copy per accepted path. `supports_trees()` is False and tree methods verify chains.
+* Trees: llama.cpp scores one exactly when each branch is its own sequence id, but its attention
+  depends on the order of the KV cells, so a kept branch must be fed again to stay exact, which cost
+  what trees gained in a probe (docs/engines.md). `supports_trees()` is False: tree methods verify
+  chains.
 """
 
 from __future__ import annotations
