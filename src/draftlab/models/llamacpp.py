@@ -57,8 +57,8 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_N_CTX = 4096
 # llama.cpp 0.3.36 rounds a pass of this many tokens or more unlike a shorter one, even on one thread
 # (the last row of a 30- to 63-token prompt moved by 0.44-0.60 in the logits when its pass reached 64
-# tokens; passes on the same side were bitwise equal, on the Zen5). A pass that reads several rows is
-# split so that each row is computed on the side plain decoding computes it.
+# tokens; passes on the same side were bitwise equal, on the Zen5). On one thread a pass that reads
+# several rows is split so that each row is computed on the side plain decoding computes it.
 SHORT_PASS = 64
 OWN_STORAGE = "own"  # a catalogue model's GGUF as it ships (the default target's: Q4_1)
 
@@ -186,9 +186,12 @@ class LlamaCppModel:
                 f"tokens ('{self.lm.spec.name}')"
             )
         start = len(self._tokens)
-        if self.use_cache and len(new_ids) >= SHORT_PASS and keep > 1:
+        if self.use_cache and len(new_ids) >= SHORT_PASS and keep > 1 and self.lm.threads == 1:
             # Plain decoding reads the prompt's last row from the prompt's pass and every later row
-            # from a 1-token pass: so does this, in passes on the same side of SHORT_PASS.
+            # from a 1-token pass: so does this, in passes on the same side of SHORT_PASS. Only on
+            # one thread, where passes are otherwise bitwise equal and the audit rechecks: the split
+            # costs a pass (11-14 ms after a 300-token prompt on the BF16 copy, 2 threads), and with
+            # several threads a long context rounds otherwise anyway.
             head = len(new_ids) - keep + 1
             rows = [self._decode(new_ids[:head], start, 1)]
             for begin in range(head, len(new_ids), SHORT_PASS - 1):
