@@ -429,8 +429,9 @@ def _checkpoint_of(lm) -> str | None:
 
 
 def _recheck_copy(lm):
-    if _checkpoint_of(lm):
-        return load_spec(ModelSpec(_checkpoint_of(lm), dtype="float32"))
+    checkpoint = _checkpoint_of(lm)
+    if checkpoint:
+        return load_spec(ModelSpec(checkpoint, dtype="float32"))
     if runs_on_llamacpp(lm):
         from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
 

@@ -278,10 +278,9 @@ def other_storages(args: argparse.Namespace, gguf) -> list[str]:
     """Where llama.cpp runs a catalogue target from its own GGUF or its BF16 copy, "vs best ar" counts
     plain decoding on the other too (unless --ar-dtypes none): the same weights, other kernels, and on
     our CPUs neither is fastest everywhere (BF16 prefills faster, Q4_1 decodes faster)."""
-    from draftlab.models.llamacpp import OWN_STORAGE  # noqa: PLC0415
     from draftlab.models.registry import ENTRIES  # noqa: PLC0415
 
-    pair = (OWN_STORAGE, "bf16")
+    pair = llamacpp_engine.AUTO_CANDIDATES  # the two that compete: the shipped file, the BF16 copy
     if args.ar_dtypes == "none" or gguf.spec.name not in ENTRIES or gguf.spec.storage not in pair:
         return []
     return [s for s in pair if s != gguf.spec.storage]

@@ -350,13 +350,11 @@ def exported_gguf(name: str, own: Path, storage: str) -> Path:
     from draftlab.models.loading import ModelSpec, load_model  # noqa: PLC0415
 
     if storage not in OUTTYPES:
-        raise DraftlabError(
-            f"--gguf-type must be {OWN_STORAGE} or one of {', '.join(OUTTYPES)}, got '{storage}'"
-        )
+        raise DraftlabError(f"storage must be {OWN_STORAGE} or one of {', '.join(OUTTYPES)}, got '{storage}'")
     if name not in ENTRIES:
         raise DraftlabError(
-            f"--gguf-type {storage} needs a catalogue model to export from; '{name}' is a GGUF file "
-            "(convert it yourself, or pass --gguf-type own)"
+            f"storage {storage} needs a catalogue model to export from; '{name}' is a GGUF file "
+            f"(convert it yourself, or run it as it is: {OWN_STORAGE})"
         )
     out = home() / "gguf" / f"{name}-{storage}.gguf"
     if not out.is_file() or out.stat().st_mtime < own.stat().st_mtime:
