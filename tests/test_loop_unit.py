@@ -408,10 +408,11 @@ def test_bild_counts_fallbacks_and_keeps_the_pen_without_one():
 def test_cut_at_eos_for_chains():
     dec = SpeculativeDecoder(FakeTarget(), TableProposer(), SpeculativeRule())
     probs = torch.rand(4, V)
-    cut = dec._cut_at_eos(Proposal([5, EOS, 7, 8], probs, fell_back=True))
+    cut = dec._cut_at_eos(Proposal([5, EOS, 7, 8], probs, fell_back=True, kind="3-gram"))
     assert cut.tokens == [5, EOS]
     assert torch.equal(cut.probs, probs[:2])
     assert cut.fell_back
+    assert cut.kind == "3-gram"  # the sizer learns into the kind it chose for
     cut = dec._cut_at_eos(Proposal([EOS, 7]))
     assert cut.tokens == [EOS] and cut.probs is None
     whole = Proposal([5, 6, EOS])
@@ -532,6 +533,9 @@ class FakeSizer:
 
     def observe(self, drafted, accepted, kind=None, probe=False):
         self.log.append(("observe", drafted, accepted, kind, probe))
+
+    def observe_gain(self, choice, accepted):
+        self.log.append(("gain", choice.k, accepted))
 
     def observe_time(self, choice, ms):
         self.times.append(ms)

@@ -247,6 +247,32 @@ def test_properties_run_on_real_files(tmp_path: Path):
 # ----------------------------------------------------------------------------- n-gram lookup
 
 
+@FAST
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=8), st.integers(1, 4))
+def test_a_context_index_grown_round_by_round_finds_what_a_fresh_search_finds(tokens, head, max_ngram):
+    """Rounds append a few tokens each (as accepted tokens do); every round's lookup, and the one
+    after the text changed other than by growing (it is rebuilt), equals a search of the whole text."""
+    from draftlab.proposers.context_index import ContextIndex
+
+    index = ContextIndex(max_ngram)
+    index.reset(head)
+    step = 1
+    for end in range(0, len(tokens) + 1):
+        if end % step:
+            continue
+        step = step % 3 + 1
+        index.follow(tokens[:end])
+        assert index.tokens == head + tokens[:end]
+        assert index.array.tolist() == index.tokens
+        assert index.longest_match(max_ngram, 1) == _reference_lookup(head + tokens[:end], max_ngram)
+    changed = tokens[: len(tokens) // 2] + [9]
+    index.follow(changed)
+    assert index.tokens == head + changed
+    assert index.longest_match(max_ngram, 1) == _reference_lookup(head + changed, max_ngram)
+    index.follow(tokens[1:], offset=1)  # the searched text starts later in the sequence
+    assert index.longest_match(max_ngram, 1) == _reference_lookup(head + tokens[2:], max_ngram)
+
+
 def _reference_lookup(context: list[int], max_ngram: int) -> tuple[int, list[int]] | None:
     """The longest n whose last n tokens occurred earlier, and every earlier start, by brute force."""
     for n in range(min(max_ngram, len(context) - 1), 0, -1):
@@ -260,14 +286,15 @@ def _reference_lookup(context: list[int], max_ngram: int) -> tuple[int, list[int
 @FAST
 @given(st.lists(st.integers(0, 3), max_size=30), st.integers(1, 4), st.integers(1, 6))
 def test_prompt_lookup_and_lookup_trees_share_the_longest_ngram_match(tokens, max_ngram, k):
-    import numpy as np
-
     from draftlab.proposers import LookupTreeProposer, PromptLookupProposer
-    from draftlab.proposers.ngram import agreement_kind, longest_match
+    from draftlab.proposers.context_index import ContextIndex
+    from draftlab.proposers.ngram import agreement_kind
 
     expected = _reference_lookup(tokens, max_ngram)
-    found = longest_match(np.asarray(tokens, dtype=np.int64), max_ngram, 1)
-    assert found is None if expected is None else (found[0], found[1].tolist()) == expected
+    index = ContextIndex(max_ngram)
+    index.reset([])
+    index.follow(tokens)
+    assert index.longest_match(max_ngram, 1) == expected
     chain, tree = PromptLookupProposer(max_ngram=max_ngram), LookupTreeProposer(max_ngram=max_ngram)
     for proposer in (chain, tree):
         proposer.start(tokens, tokens)

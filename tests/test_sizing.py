@@ -12,7 +12,7 @@ from tolerance import assert_greedy_equal, sum_tol
 
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
-from draftlab.decode.round_sizer import RoundSizer, Shadow, Shadows, parent_kind
+from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow, Shadows, parent_kind
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt
@@ -82,6 +82,51 @@ def test_the_sizer_learns_and_a_draft_model_keeps_probing():
         choice = sizer.choose(256, 6)
         sizer.observe(max(choice.k, 1), max(choice.k, 1))
     assert sizer.choose(256, 6).k == 6, "everything accepted: the longest draft"
+
+
+# llama.cpp's curve for the default target's Q4_1 file on a 2-core AMD Zen5 (ms per pass of N tokens).
+LLAMACPP_Q41 = curve({1: 6.4, 2: 12.8, 4: 17.6, 8: 26.8, 16: 43.7})
+
+
+def test_drafted_rounds_that_bring_less_than_expected_scale_down_what_the_sizer_expects():
+    """The sizer drafts when its estimate is high, so its drafted rounds are where the estimate
+    was too high: their realised gain corrects later choices. A class whose expected gain was
+    marginal stops drafting, a clearly paying one goes on, and the correction only ever lowers."""
+
+    def primed(calibrate: bool = True) -> RoundSizer:
+        sizer = RoundSizer(CostModel(LLAMACPP_Q41), k_max=8, free_drafts=True, calibrate=calibrate)
+        sizer.start()
+        # "weak": 3.4 tokens expected for 3.1 steps' cost; "copy": 7.3 tokens for 4.5 steps.
+        for kind, pattern in (("weak", [4, 4, 4, 1, 0]), ("copy", [8, 8, 8, 2])):
+            for _ in range(10):
+                for accepted in pattern:
+                    sizer.observe(8, accepted, kind)
+        return sizer
+
+    sizer = primed()
+    first = sizer.choose(256, 8, "weak")
+    assert first.k > 0 and first.gain == 1.0 and first.kind == "weak"
+    for _ in range(10):  # drafted rounds that each bring 1 draft where about 2.4 were expected
+        sizer.observe_gain(first, 1)
+    assert 0.4 < sizer.gain_factor("weak") < 0.7
+    assert sizer.choose(256, 8, "weak").k == 0
+    assert sizer.gain_factor("copy") == 1.0 and sizer.choose(256, 8, "copy").k == 8  # its own record
+    # Rounds that bring more than expected never raise the expectation above the evidence's.
+    lucky = primed()
+    choice = lucky.choose(256, 8, "weak")
+    for _ in range(10):
+        lucky.observe_gain(choice, 8)
+    assert lucky.gain_factor("weak") == 1.0
+    assert lucky.choose(256, 8, "weak").expected_tokens == choice.expected_tokens
+    # Plain rounds and probes teach nothing about drafted gains; a sizer told not to calibrate neither.
+    fixed = primed(calibrate=False)
+    for c in (
+        first,
+        Choice(0, 1.0, 6.4, 6.4, kind="weak"),
+        Choice(1, 1.5, 12.8, 6.4, probe=True, kind="weak"),
+    ):
+        fixed.observe_gain(c, 0)
+    assert fixed.evidence.gains == {}
 
 
 # A CPU where verifying 2 tokens costs 1.2 steps and a head pass a tenth of one: a draft token

@@ -45,16 +45,19 @@ def expected_tokens(alphas: list[float], k: int) -> float:
     return total
 
 
-def choose_k(verify_ms, draft_ms, alphas: list[float], k_max: int, context: int) -> tuple[int, float, float]:
+def choose_k(
+    verify_ms, draft_ms, alphas: list[float], k_max: int, context: int, gain: float = 1.0
+) -> tuple[int, float, float]:
     """The k in 0..k_max maximising expected tokens per ms; returns (k, E[tokens], cost ms).
 
-    `verify_ms(n, context)` and `draft_ms(k, context)` give costs; `alphas` has k_max entries.
-    Ties go to the smaller k: speculation must earn its place.
+    `verify_ms(n, context)` and `draft_ms(k, context)` give costs; `alphas` has k_max entries;
+    `gain` scales the expected tokens beyond the target's own one (a correction learnt from
+    rounds already run). Ties go to the smaller k: speculation must earn its place.
     """
     best = (0, 1.0, verify_ms(1, context))
     best_rate = best[1] / best[2]
     for k in range(1, k_max + 1):
-        tokens = expected_tokens(alphas, k)
+        tokens = 1.0 + gain * (expected_tokens(alphas, k) - 1.0)
         cost = draft_ms(k, context) + verify_ms(k + 1, context)
         if tokens / cost > best_rate * (1 + 1e-9):
             best, best_rate = (k, tokens, cost), tokens / cost

@@ -232,7 +232,7 @@ class SpeculativeDecoder:
                 stats.record_choice(
                     choice.k, choice.expected_tokens, choice.cost_ms, choice.plain_ms, choice.probe
                 )
-                self._learn(sizer, shadow, proposal, verdict.accepted, new, choice.probe)
+                self._learn(sizer, shadow, proposal, verdict.accepted, new, choice)
             new = self._stop_at_eos(new)[:budget]
             stats.draft_tokens_kept += min(verdict.accepted, len(new))
             sequence.extend(new)
@@ -324,11 +324,17 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _learn(
-        sizer: RoundSizer, shadow: Shadows, proposal: Proposal, accepted: int, written: list[int], probe: bool
+        sizer: RoundSizer,
+        shadow: Shadows,
+        proposal: Proposal,
+        accepted: int,
+        written: list[int],
+        choice: Choice,
     ) -> None:
         if isinstance(sizer, TreeSizer):
             return  # trees learn node by node (observe_tree), in the round itself
-        sizer.observe(len(proposal.tokens), accepted, proposal.kind, probe)
+        sizer.observe(len(proposal.tokens), accepted, proposal.kind, choice.probe)
+        sizer.observe_gain(choice, accepted)
         # A shadow proposal is judged by the tokens the target wrote instead (free evidence); a
         # speculative round ends it with what it has seen so far.
         for ended in shadow.advance(written) if not proposal.tokens else shadow.end():
@@ -349,8 +355,7 @@ class SpeculativeDecoder:
             return proposal if len(alive) == len(parents) else proposal.select(alive)
         for i, token in enumerate(proposal.tokens):
             if token in self.eos and i + 1 < len(proposal.tokens):
-                probs = proposal.probs[: i + 1] if proposal.probs is not None else None
-                return Proposal(proposal.tokens[: i + 1], probs, proposal.fell_back)
+                return proposal.truncate(i + 1)  # its kind kept: the sizer learns into the kind it chose
         return proposal
 
     def _stop_at_eos(self, tokens: list[int]) -> list[int]:

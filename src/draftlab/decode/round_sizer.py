@@ -38,6 +38,15 @@ PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF, PROBE_AT_ONCE_MAX = 0.02, 8, 8, 1.0
 # Measured round time / predicted round time is tracked (separately for plain and speculative
 # rounds) with this smoothing, so a profile that is off on this run is corrected as it goes.
 CALIBRATION_SMOOTHING = 0.1
+# Realised / expected gain of drafted rounds (tokens beyond the target's own one). The sizer drafts
+# when its estimate is high, so when it drafts the estimate is high more often than not: on the
+# llama.cpp Q4_1 target (AMD Zen5) prompt-lookup rounds of the class "3-gram agreeing on 4-7"
+# were drafted at an expected 4.4 tokens and brought 3.4, and lost where a draft of 6-7 tokens
+# costs 4 plain steps, while "agreeing on 16+" brought what it expected. So per kind of proposal,
+# drafted rounds' expected gains are scaled by that kind's ratio over its recent drafted rounds
+# (sums decayed by GAIN_DECAY a round, GAIN_PRIOR tokens of pseudo-evidence at ratio 1), and only
+# ever down: drafting beyond what the evidence says is how rounds lose, the opposite only forgoes.
+GAIN_DECAY, GAIN_PRIOR, GAIN_FLOOR = 0.97, 4.0, 0.25
 
 
 class AcceptanceStats:
@@ -74,6 +83,8 @@ class Choice:
     cost_ms: float
     plain_ms: float  # one plain target step at this context
     probe: bool = False
+    gain: float = 1.0  # the correction of expected gain that the choice applied (GAIN_DECAY)
+    kind: str | None = None  # the kind of proposal it was made for
 
 
 @dataclass
@@ -94,6 +105,9 @@ class Evidence:
     # copies of a routed method: it captures this run's conditions (load, Python overhead), which
     # they have in common, and a copy that was never chosen must not look cheaper for lack of it.
     calibration: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})
+    # Per kind of proposal, drafted rounds' realised and expected gains (decayed sums), for
+    # `RoundSizer.gain_factor`.
+    gains: dict[str | None, list[float]] = field(default_factory=dict)
     # Tree methods: node-score calibration per source, and the running (E[tokens], nodes) that
     # recent tree rounds were expected to bring.
     tree_scores: dict = field(default_factory=dict)
@@ -224,7 +238,9 @@ class RoundSizer:
         speculative = 0.0
         for kind, weight in weights.items():
             alphas = self._run_alphas(kind, self.k_max)
-            _, tokens, cost = choose_k(verify_ms, draft_ms, alphas, self.k_max, context)
+            _, tokens, cost = choose_k(
+                verify_ms, draft_ms, alphas, self.k_max, context, self.gain_factor(kind)
+            )
             speculative += weight / total * tokens / cost
         return share * speculative + (1 - share) * plain
 
@@ -248,7 +264,8 @@ class RoundSizer:
             self.evidence.rounds_with_proposal += 1
             self._state(kind).proposals += 1
 
-        k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context)
+        gain = self.gain_factor(kind)
+        k, tokens, cost = choose_k(verify_ms, draft_ms, alphas, limit, context, gain)
         if k > 0:
             self._probe_next = False  # drafting on its own evidence: no probe owed
         elif not self.free_drafts and limit > 0:
@@ -256,7 +273,22 @@ class RoundSizer:
             if self._due_probe(extra, plain):
                 tokens = expected_tokens(alphas, 1)
                 return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
-        return Choice(k, tokens, cost, plain)
+        return Choice(k, tokens, cost, plain, gain=gain, kind=kind)
+
+    def gain_factor(self, kind: str | None) -> float:
+        """The factor on a kind's expected gains: realised / expected over its recent drafted
+        rounds, at most 1."""
+        realised, expected = self.evidence.gains.get(kind, (0.0, 0.0))
+        return min(1.0, max(GAIN_FLOOR, (realised + GAIN_PRIOR) / (expected + GAIN_PRIOR)))
+
+    def observe_gain(self, choice: Choice, accepted: int) -> None:
+        """A drafted round (not a probe) brought `accepted` drafts where its choice expected
+        choice.expected_tokens - 1, after the correction it applied."""
+        if choice.k <= 0 or choice.probe or not self.calibrate:
+            return
+        gains = self.evidence.gains.setdefault(choice.kind, [0.0, 0.0])
+        gains[0] = GAIN_DECAY * gains[0] + accepted
+        gains[1] = GAIN_DECAY * gains[1] + (choice.expected_tokens - 1.0) / choice.gain
 
     def observe_time(self, choice: Choice, measured_ms: float) -> float:
         """Correct the profile by what rounds of this kind really took in this run; returns what the

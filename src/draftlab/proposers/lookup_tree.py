@@ -7,10 +7,8 @@ target pass verifies every one of them.
 
 from __future__ import annotations
 
-import numpy as np
-
 from draftlab.proposal import Proposal
-from draftlab.proposers.ngram import LookupProposer, longest_match
+from draftlab.proposers.ngram import LookupProposer
 from draftlab.proposers.trie import ContinuationTrie
 from draftlab.sampling import Sampler, SamplingParams
 
@@ -30,19 +28,21 @@ class LookupTreeProposer(LookupProposer):
         self.min_ngram = min_ngram
         self.depth = depth
         self.max_nodes = max_nodes
+        self.index_ngrams = max_ngram
         super().__init__()
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal(parents=[])
-        context = np.asarray(self.context(sequence), dtype=np.int64)
+        index = self.context(sequence)
         depth = min(k, self.depth)
-        match = longest_match(context, self.max_ngram, self.min_ngram)
+        match = index.longest_match(self.max_ngram, self.min_ngram)
         if match is None:
             return Proposal(parents=[])
         n, hits = match
+        context = index.tokens
         trie = ContinuationTrie()
-        for start in hits + n:  # oldest first, so that ties go to the most recent match
-            trie.add(context[start : start + depth].tolist())
+        for hit in hits:  # oldest first, so that ties go to the most recent match
+            trie.add(context[hit + n : hit + n + depth])
         proposal, _ = trie.proposal(self.max_nodes, depth, kind=f"{n}-gram tree", source="lookup")
         return proposal

@@ -1,13 +1,13 @@
 """Prompt-lookup drafting: copy what followed the last earlier occurrence of the current n-gram.
 
-The n-gram search (`longest_match`) is shared with the prompt-lookup trees (`lookup_tree.py`).
+The n-gram search (`ContextIndex.longest_match`) is shared with the prompt-lookup trees
+(`lookup_tree.py`).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from draftlab.proposers.base import Proposal, Proposer
+from draftlab.proposers.context_index import ContextIndex
 from draftlab.sampling import Sampler, SamplingParams
 
 # A lookup whose hit agrees with the current text well beyond the n-gram is a copy in progress,
@@ -21,18 +21,24 @@ AGREEMENT_EDGES = (4, 8, 16)
 class LookupProposer(Proposer):
     """Proposes from the text itself: the prompt and what the target wrote after it."""
 
+    index_ngrams = 1  # the longest n-gram whose starts the context index keeps
+
     def __init__(self) -> None:
         self._prompt: list[int] = []
         self._prefix_len = 0
+        self.index = ContextIndex(self.index_ngrams)
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
         # For an encoder-decoder model the prompt is not part of the decoder sequence,
         # yet it is where summaries and answers copy from: search it too.
         self._prompt = [] if prefix == list(prompt_ids) else list(prompt_ids)
-        self._prefix_len = len(prefix)
+        self._prefix_len = len(prefix) if self._prompt else 0
+        self.index.reset(self._prompt)
 
-    def context(self, sequence: list[int]) -> list[int]:
-        return self._prompt + sequence[self._prefix_len :] if self._prompt else sequence
+    def context(self, sequence: list[int]) -> ContextIndex:
+        """The searched text (the prompt, when apart, then what follows it in `sequence`), indexed."""
+        self.index.follow(sequence, self._prefix_len)
+        return self.index
 
 
 class PromptLookupProposer(LookupProposer):
@@ -48,17 +54,19 @@ class PromptLookupProposer(LookupProposer):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.weak_tokens = weak_tokens
+        self.index_ngrams = max_ngram
         super().__init__()
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal()
-        context = np.asarray(self.context(sequence), dtype=np.int64)
-        match = longest_match(context, self.max_ngram, self.min_ngram)
+        index = self.context(sequence)
+        match = index.longest_match(self.max_ngram, self.min_ngram)
         if match is None:
             return Proposal()
         n, hits = match
-        weak = n == 1 and hits.size >= 3
+        context = index.tokens
+        weak = n == 1 and len(hits) >= 3
         length = min(k, self.weak_tokens) if weak else k
         hit = int(hits[-1])  # the most recent match; at least one token follows it
         kind = f"{n}-gram" + (" weak" if weak else "")
@@ -66,10 +74,10 @@ class PromptLookupProposer(LookupProposer):
             # Classed by agreement within the n-gram's record (round_sizer.parent_kind). A shorter
             # n-gram means that no longer one matched anywhere: only the longest can agree further.
             kind += "/" + agreement_kind(agreement(context, hit, n, AGREEMENT_EDGES[-1]))
-        return Proposal(context[hit + n : hit + n + length].tolist(), kind=kind)
+        return Proposal(context[hit + n : hit + n + length], kind=kind)
 
 
-def agreement(context: np.ndarray, hit: int, n: int, cap: int) -> int:
+def agreement(context: list[int], hit: int, n: int, cap: int) -> int:
     """How many tokens before the end of `context` equal those before the end of the n-gram that
     starts at `hit` (at least n, since the n-gram matched), counted up to `cap`."""
     end, here = hit + n, len(context)
@@ -87,26 +95,3 @@ def agreement_kind(length: int) -> str:
     if len(below) == len(AGREEMENT_EDGES):
         return f"agrees on {AGREEMENT_EDGES[-1]}+"
     return f"agrees on {below[-1]}-{AGREEMENT_EDGES[len(below)] - 1}"
-
-
-def longest_match(context: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int, np.ndarray] | None:
-    """The longest n (`max_ngram` down to `min_ngram`) whose last n tokens of `context` occurred
-    before, with the start of every earlier occurrence (oldest first); None when none did."""
-    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
-        hits = find_matches(context, context[-n:])
-        if hits.size:
-            return n, hits
-    return None
-
-
-def find_matches(context: np.ndarray, pattern: np.ndarray) -> np.ndarray:
-    """Start indices i where context[i : i + len(pattern)] == pattern, excluding the very end."""
-    n = len(pattern)
-    if n == 0 or len(context) <= n:
-        return np.empty(0, dtype=np.int64)
-    hits = np.flatnonzero(context[: len(context) - n] == pattern[0])
-    for j in range(1, n):
-        if hits.size == 0:
-            break
-        hits = hits[context[hits + j] == pattern[j]]
-    return hits

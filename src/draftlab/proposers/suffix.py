@@ -49,6 +49,7 @@ class SuffixProposer(LookupProposer):
         # to search instead of one per output (a search per output cost 155 µs a round by the
         # 36th generation of a bench, 3% of a llama.cpp step). Rebuilt when the store changes.
         self._earlier = np.empty(0, dtype=np.int64)
+        self._earlier_positions = TokenPositions(self._earlier)
         self._starts = np.empty(0, dtype=np.int64)
         self._labels: list[str] = []
         self._built_for: tuple[int, int, int] | None = None
@@ -81,6 +82,7 @@ class SuffixProposer(LookupProposer):
             self._labels = [label for label, _ in usable]
             joined = [part for _, tokens in usable for part in (tokens, np.array([SEPARATOR]))]
             self._earlier = np.concatenate(joined).astype(np.int64) if joined else np.empty(0, dtype=np.int64)
+            self._earlier_positions = TokenPositions(self._earlier)
             self._built_for = state
         return self._earlier
 
@@ -90,9 +92,14 @@ class SuffixProposer(LookupProposer):
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
             return Proposal(parents=[])
-        own = np.asarray(self.context(sequence), dtype=np.int64)
-        earlier = self._earlier_outputs()
-        length, (own_ends, earlier_ends) = _longest_match([own[:-1], earlier], own, self.max_pattern)
+        index = self.context(sequence)
+        if len(index) < 2:
+            return Proposal(parents=[])
+        own, earlier = index.array, self._earlier_outputs()
+        last = index.tokens[-1]
+        # Where the last token occurred (in the own text: not at its very end), from the indexes.
+        first = [np.asarray(index.starts((last,)), dtype=np.int64), self._earlier_positions[last]]
+        length, (own_ends, earlier_ends) = _longest_match([own[:-1], earlier], own, first, self.max_pattern)
         if not length:
             return Proposal(parents=[])
         depth = min(k, self.max_depth, max(1, math.ceil(self.depth_factor * length)))
@@ -116,12 +123,13 @@ class SuffixProposer(LookupProposer):
 
 
 def _longest_match(
-    docs: list[np.ndarray], text: np.ndarray, max_pattern: int
+    docs: list[np.ndarray], text: np.ndarray, first: list[np.ndarray], max_pattern: int
 ) -> tuple[int, list[np.ndarray]]:
     """The longest suffix of `text` (up to `max_pattern`) found in any doc, and per doc the
-    indices just after each of its occurrences (where a continuation starts)."""
+    indices just after each of its occurrences (where a continuation starts); `first` holds,
+    per doc, where the last token of `text` occurs in it."""
     best_len, best = 0, [np.empty(0, dtype=np.int64) for _ in docs]
-    ends = [np.flatnonzero(tokens == text[-1]) + 1 for tokens in docs]
+    ends = [positions + 1 for positions in first]
     for length in range(1, min(max_pattern, len(text) - 1) + 1):
         if length > 1:
             want = text[-length]
@@ -131,3 +139,18 @@ def _longest_match(
             break
         best_len, best = length, ends
     return best_len, best
+
+
+class TokenPositions:
+    """Where each token occurs in a fixed array, grouped once (`positions[token]`, ascending)."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self._order = np.argsort(tokens, kind="stable")
+        self._values, self._firsts = np.unique(tokens[self._order], return_index=True)
+        self._ends = np.append(self._firsts[1:], len(tokens))
+
+    def __getitem__(self, token: int) -> np.ndarray:
+        i = int(np.searchsorted(self._values, token))
+        if i == len(self._values) or self._values[i] != token:
+            return np.empty(0, dtype=np.int64)
+        return self._order[self._firsts[i] : self._ends[i]]
