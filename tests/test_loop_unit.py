@@ -669,6 +669,9 @@ class FakeTreeSizer(TreeSizer):
     def observe(self, *args, **kwargs):  # chains only: trees learn node by node
         raise AssertionError("a tree round must not call observe()")
 
+    def observe_gain(self, choice, accepted):
+        self.log.append(("gain", choice.k, accepted))
+
     def written(self, tokens, plain):
         self.log.append(("written", list(tokens), plain))
 

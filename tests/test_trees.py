@@ -325,6 +325,23 @@ def test_a_lookup_tree_stops_drafting_in_a_generation_whose_lookups_fail():
     assert draft_tree.example_factor() == 1.0  # draft trees follow `tree_draft_gain` instead
 
 
+def test_a_tree_kind_whose_drafted_rounds_bring_less_than_expected_verifies_less():
+    """As for chains (test_sizing): the tree sizer scales a kind's expected gain by what its
+    drafted rounds brought, across generations, and another kind keeps its own record."""
+    llama_q41 = curve({1: 6.4, 2: 12.8, 4: 17.6, 8: 26.8, 16: 43.7})
+    sizer = TreeSizer(CostModel(llama_q41), depth=6, width=1, free_drafts=True)
+    weak = Proposal([5, 6, 7, 8, 9, 10], kind="suffix 4", parents=[-1, 0, 1, 2, 3, 4], scores=[0.9] * 6)
+    other = Proposal(weak.tokens, kind="suffix 3", parents=weak.parents, scores=weak.scores)
+    sizer.start()
+    chosen, choice = sizer.fit(weak, 256)
+    assert choice.k == 6 and choice.kind == "suffix 4" and choice.gain == 1.0
+    for _ in range(3):
+        sizer.start()  # a new generation: the per-generation factor starts again, this one does not
+        sizer.observe_gain(choice, 0)
+    assert sizer.fit(weak, 256)[1].k == 0
+    assert sizer.fit(other, 256)[1].k == 6
+
+
 def test_a_lookup_tree_left_unverified_is_scored_against_what_the_target_writes():
     """Once a generation's lookups failed, the sizer stops verifying them; shadows of its best
     chain, scored for free against the target's tokens, let it find out that they match again."""

@@ -331,10 +331,10 @@ class SpeculativeDecoder:
         written: list[int],
         choice: Choice,
     ) -> None:
+        sizer.observe_gain(choice, accepted)
         if isinstance(sizer, TreeSizer):
             return  # trees learn node by node (observe_tree), in the round itself
         sizer.observe(len(proposal.tokens), accepted, proposal.kind, choice.probe)
-        sizer.observe_gain(choice, accepted)
         # A shadow proposal is judged by the tokens the target wrote instead (free evidence); a
         # speculative round ends it with what it has seen so far.
         for ended in shadow.advance(written) if not proposal.tokens else shadow.end():

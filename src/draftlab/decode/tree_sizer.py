@@ -215,6 +215,7 @@ class TreeSizer(RoundSizer):
     def _budget(self, proposal, context: int) -> tuple[list[float], int, float, float]:
         """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
         verify_ms, _ = self._costs()
+        gain = self.gain_factor(proposal.kind)
         scores = proposal.scores or [1.0] * len(proposal.tokens)
         factor = self.example_factor()
         chances = [factor * self.accept_chance(self._key(proposal, i), s) for i, s in enumerate(scores)]
@@ -224,7 +225,7 @@ class TreeSizer(RoundSizer):
         best = (0, 1.0, verify_ms(1, context) + overhead)
         sizes = [n for n in TREE_BUDGETS[1:] if n < len(ranked)] + [len(ranked)] if ranked else []
         for n in sizes:
-            tokens, cost = 1.0 + sum(ranked[:n]), verify_ms(n + 1, context) + overhead
+            tokens, cost = 1.0 + gain * sum(ranked[:n]), verify_ms(n + 1, context) + overhead
             if tokens / cost > best[1] / best[2] * (1 + 1e-9):
                 best = (n, tokens, cost)
         return values, *best
@@ -255,7 +256,10 @@ class TreeSizer(RoundSizer):
             # The draft's share of the chosen tree; what it really adds is known after verification.
             sources = chosen.sources or ["draft"] * len(chosen.tokens)
             self._drafted = (float(sum("draft" in x for x in sources)), float(max(draft_passes, 1)))
-        return chosen, Choice(best_n, best_tokens, best_cost + drafted_ms, plain)
+        gain = self.gain_factor(proposal.kind)
+        return chosen, Choice(
+            best_n, best_tokens, best_cost + drafted_ms, plain, gain=gain, kind=proposal.kind
+        )
 
     def tokens_per_ms(self, context: int) -> float:
         verify_ms, _ = self._costs()
