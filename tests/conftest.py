@@ -23,6 +23,7 @@ def _profiles_in_tmp(tmp_path_factory):
     os.environ["DRAFTLAB_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
     # And what --compile builds: compiled anew by every run of the suite.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+    os.environ["DRAFTLAB_COMPILED_DIR"] = str(tmp_path_factory.mktemp("compiled"))
 
 
 # DRAFTLAB_SHARED moves ../shared, for runs from a copy of the tree (mutation testing).

@@ -265,7 +265,8 @@ def warm_compiled(
     """Compile, untimed, every static-cache length the suite's prompts can need (models/compiled.py),
     so that no timed generation pays for a compile. A later turn's prompt holds the earlier turns
     and answers, bounded here by their texts plus `max_new_tokens` per answer. A progress line
-    counts the passes, since each compile takes about 45 s on 2 cores."""
+    counts the passes: a package is built once per machine and cache length (about 1.5 min on 2
+    cores for the default target) and loaded by later runs."""
     from draftlab.models.compiled import RESERVE, static_length  # noqa: PLC0415
 
     plan: list[tuple[Variant, list[int]]] = []

@@ -75,8 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_compile_arg(
         p,
         "also run 'ar compiled', 'pld compiled', ... for every chain method: the target's passes of up "
-        "to 8 tokens through torch.compile over a static cache (compiled in the untimed warm-up, about "
-        "a minute a pass size on 2 cores; the times are recorded in run.json)",
+        "to 8 tokens through an AOTInductor package over a static cache (built once per machine, "
+        "about 1.5 min on 2 cores, then loaded; untimed; the times are recorded in run.json)",
     )
     add_engine_args(p)
     add_run_command_args(p, run, lambda args: "bench")
@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         check_methods(names, [engine])
     check_engine_args(args, engines)
     if getattr(args, "compile", False) and "hf" not in engines:
-        raise DraftlabError("--compile is for the hf engine (torch.compile); add hf to --engines")
+        raise DraftlabError(
+            "--compile is for the hf engine (compiled transformers passes); add hf to --engines"
+        )
     methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)

@@ -157,13 +157,16 @@ def add_compile_arg(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--compile", action="store_true", help=text)
 
 
-def compile_seconds(target: LoadedModel) -> dict[str, float]:
-    """What the first call of each compiled pass took, compile included (models/compiled.py), by
-    "cache length:pass tokens"."""
+def compile_seconds(target: LoadedModel) -> dict[str, dict]:
+    """Per static-cache length, the seconds its compiled package took to get ready and whether it
+    was built now or loaded, built by an earlier run (models/compiled.py)."""
     from draftlab.models.compiled import compiled_steps  # noqa: PLC0415
 
-    seconds = compiled_steps(target.model).compile_seconds
-    return {f"{length}:{size}": round(t, 1) for (length, size), t in seconds.items()}
+    steps = compiled_steps(target)
+    return {
+        str(length): {"seconds": round(t, 1), "package": "loaded" if steps.loaded.get(length) else "built"}
+        for length, t in steps.compile_seconds.items()
+    }
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingParams:

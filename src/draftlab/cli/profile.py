@@ -43,9 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile fits")
     add_compile_arg(
         p,
-        "the target's compiled passes (torch.compile over a static cache, as `bench --compile` runs "
-        "them): passes of 1, 2, 4 and 8 tokens in the first 512-token bucket, compiled first (about "
-        "45 s each on 2 cores), cached as a profile of its own",
+        "the target's compiled passes (an AOTInductor package over a static cache, as `bench "
+        "--compile` runs them): passes of 1, 2, 4 and 8 tokens in the first 512-token bucket, the "
+        "package built first where no earlier run built it, cached as a profile of its own",
     )
     p.add_argument("--repeats", type=int, default=3, help="passes per point (the median is kept)")
     p.add_argument("--context", type=int, default=256, help="context length of the break-even table")
@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.context < 1:
         raise DraftlabError(f"--context must be >= 1, got {args.context}")
     if args.compile and args.engine == "llamacpp":
-        raise DraftlabError("--compile is for the hf engine (torch.compile); llama.cpp runs its own kernels")
+        raise DraftlabError(
+            "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
+        )
     console = Console()
     target_name = args.target or DEFAULT_TARGET
     draft_name = args.draft or (DEFAULT_DRAFT if args.target is None else None)

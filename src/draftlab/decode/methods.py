@@ -48,7 +48,7 @@ class DecoderConfig:
     # profile, a chain).
     tree_width: int = 8
     tree_budget: int | None = None
-    # The target's one-token passes through torch.compile over a static cache (models/compiled.py);
+    # The target's passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py);
     # chain methods of our own loop only.
     compile: bool = False
 
@@ -89,7 +89,7 @@ class DecoderConfig:
 
     @property
     def compiled_passes(self) -> tuple[int, ...]:
-        """With --compile, the pass sizes to compile: plain steps for ar, verification passes too."""
+        """With --compile, the pass sizes to warm: plain steps for ar, verification passes too."""
         from draftlab.models.compiled import PASS_SIZES
 
         return PASS_SIZES if self.spec.speculative else (1,)
@@ -177,9 +177,9 @@ def _most_drafts(config: DecoderConfig, n: int) -> int:
     pass runs eagerly and cost 2-3x a compiled one on an AMD Zen5)."""
     if not config.compile:
         return n
-    from draftlab.models.compiled import PASS_SIZES
+    from draftlab.models.compiled import MAX_PASS
 
-    return min(n, PASS_SIZES[-1] - 1)
+    return min(n, MAX_PASS - 1)
 
 
 def _sizer(config: DecoderConfig, cost: CostModel | None, k_max: int, free_drafts: bool):

@@ -17,7 +17,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
-from draftlab.models.compiled import PASS_SIZES, RESERVE, capacity, compiled_steps, pass_size
+from draftlab.models.compiled import MAX_PASS, PASS_SIZES, RESERVE, capacity, compiled_steps
 from draftlab.models.loading import LoadedModel
 
 
@@ -27,8 +27,8 @@ class CachedModel:
         self.model = lm.model
         self.device = lm.device
         self.use_cache = use_cache
-        # Passes of up to 8 tokens through torch.compile over a static cache (models/compiled.py).
-        self.compiled = compiled_steps(self.model) if compiled else None
+        # Passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py).
+        self.compiled = compiled_steps(lm) if compiled else None
         if compiled and (not use_cache or lm.is_encoder_decoder):
             raise DraftlabError("--compile needs a decoder-only target with its KV cache on")
         self.forward_calls = 0
@@ -138,17 +138,18 @@ class CachedModel:
         sizes: tuple[int, ...] = PASS_SIZES,
         on_pass: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Compile now (untimed) the passes of these sizes over the static cache that holds `needed`;
-        `on_pass(cache length, size)` follows each (a compile takes about 45 s on 2 cores)."""
+        """Get the package of the static cache that holds `needed` ready now (untimed: compiled,
+        about 1.5 min on 2 cores, or loaded from an earlier run), and run passes of these sizes
+        once; `on_pass(cache length, size)` follows each."""
         if self.compiled is None:
             return
         saved = (self._tokens, self._cache, self._tree, self.forward_calls)
         try:
             self._tokens, self._tree = [], None
             self._cache = self.compiled.new_cache(needed)
-            # An eager pass first, as a prompt is: graphs traced over an empty cache (its tensors
-            # not yet allocated) fail their guards once a prompt has filled it, and recompile.
-            self.forward([0] * (PASS_SIZES[-1] + 1))
+            # An eager pass first, as a prompt is: it allocates the cache's tensors, which the
+            # package's export takes its shapes from.
+            self.forward([0] * (MAX_PASS + 1))
             self.crop(0)
             for size in sizes:
                 self.forward([0] * size)
@@ -159,34 +160,18 @@ class CachedModel:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
 
     def _static_forward(self, feed: torch.Tensor, kwargs: dict):
-        """A pass over the static cache: compiled for up to max(PASS_SIZES) tokens, padded up to the
-        next compiled size, and eager for a prompt.
-
-        Padding repeats the last token after the real ones; causal attention keeps it from touching
-        their logits, and it leaves the cache again at once (crop).
-        """
+        """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt."""
         if "attention_mask" in kwargs:
             raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
-        n = feed.shape[1]
-        size = pass_size(n)
-        needed = len(self._tokens) + (size - n if size else 0)
-        if needed > capacity(self._cache):
-            self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, needed)
-        if size is None:
+        if len(self._tokens) > capacity(self._cache):
+            self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, len(self._tokens))
+        if feed.shape[1] > MAX_PASS:
             return self.model(input_ids=feed, **kwargs)
-        if size > n:
-            feed = torch.cat([feed, feed[:, -1:].expand(1, size - n)], dim=1)
-        if "logits_to_keep" in kwargs:
-            kwargs["logits_to_keep"] = size  # one graph per size: every row, cut below
-        # Every graph returns the hidden states, asked for or not: an EAGLE head's passes and plain
-        # ones then share one graph per size (a compile is about 45 s), and the compiled profile
-        # prices the graphs that both run.
-        wants_features = kwargs.pop("output_hidden_states", False)
-        out = self.compiled(input_ids=feed, output_hidden_states=True, **kwargs)
-        if size > n:
-            self._cache.crop(n - size)
-        hidden = tuple(h[:, :n] for h in out.hidden_states) if wants_features else None
-        return SimpleNamespace(logits=out.logits[:, :n], hidden_states=hidden)
+        # The package returns the hidden states whatever was asked: an EAGLE head's passes and
+        # plain ones share it, and the compiled profile prices what both run.
+        out = self.compiled(self._cache, feed)
+        hidden = out.hidden_states if kwargs.get("output_hidden_states") else None
+        return SimpleNamespace(logits=out.logits, hidden_states=hidden)
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: list[int]) -> None:
@@ -283,7 +268,9 @@ def cached(lm, use_cache: bool = True, compiled: bool = False):
     if own is None:
         return CachedModel(lm, use_cache, compiled)
     if compiled:
-        raise DraftlabError("--compile is for the hf engine (torch.compile); llama.cpp runs its own kernels")
+        raise DraftlabError(
+            "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
+        )
     return own(use_cache)
 
 

@@ -1,43 +1,46 @@
-"""torch.compile for a target's passes of up to 8 tokens, over transformers' `StaticCache`.
+"""Compiled passes of up to 8 tokens over transformers' `StaticCache`: AOTInductor packages, built
+once per machine, model and cache length, and loaded by every later run.
 
 Plain decoding on a CPU spends most of a step launching small batch-1 matrix products one by one
 (issue 22: 211 products of about 158 µs each, per step); inductor's CPU GEMM templates over frozen
-weights replace them. Graphs need fixed shapes, so the cache is transformers' `StaticCache`, whose
-length comes in buckets (512, 1024, 2048, ... tokens), and passes come in PASS_SIZES: one graph
-per (bucket, pass size). Prompts run eagerly over the same cache; rollback is the cache's `crop`.
+weights replace them. The target's forward over a static cache is exported with `torch.export`
+(the pass length dynamic, 1 to MAX_PASS tokens; the cache's key, value and length tensors passed in
+and updated in place) and compiled by `aoti_compile_and_package` with freezing and max-autotune.
+The package lands in `compiled/` under the draftlab home, named by the model's fingerprint (the
+profile's, plus its weight files), so a second process loads it (about 1 s) instead of compiling
+again: torch.compile had to, since with frozen weights it bypasses its own caches (docs/engines.md).
 
-Compiling takes about 45 s per graph on a 2-core CPU, recorded in `compile_seconds` (the first
-call of each graph, compile included). Each process compiles again: with frozen weights torch
-bypasses its AOTAutograd cache, and its FX graph cache too (freezing prepacks the weights as mkldnn
-tensors, which it cannot pickle), so a second process measured no faster compile.
+Static caches come in buckets of length (512, 1024, 2048, ... tokens): one package per bucket.
+Prompts run eagerly over the same cache; rollback is the cache's `crop`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-from torch._dynamo import config as dynamo_config
-from torch._inductor import config as inductor_config
 from transformers import StaticCache
-from transformers.generation.configuration_utils import CompileConfig
 
-# torch.compile's "max-autotune-no-cudagraphs" mode, as options.
-INDUCTOR_OPTIONS = {"max_autotune": True, "coordinate_descent_tuning": True}
+from draftlab.models.loading import LoadedModel
+
+# inductor's "max-autotune-no-cudagraphs" mode, with frozen (constant-folded, prepacked) weights.
+INDUCTOR_CONFIGS = {"freezing": True, "max_autotune": True, "coordinate_descent_tuning": True}
 FIRST_BUCKET = 512
-# Token counts of the compiled passes: a plain step, and verification passes padded up to the next
-# size (on an AMD Zen5, float32, a pass of 5 tokens took 27.2 ms compiled against 16.7 ms for one,
-# and 54.9 ms eager). Longer passes (prompts) run eagerly.
+# The longest pass a package runs; longer ones (prompts) run eagerly.
+MAX_PASS = 8
+# The passes warmed and profiled. On an AMD Zen5 in float32 the one package per bucket took 16.4,
+# 16.5, 17.7, 18.2, 22.4 and 28.8 ms for passes of 1, 2, 3, 4, 5 and 8 tokens (eager: 40.5 for 1).
 PASS_SIZES = (1, 2, 4, 8)
-RECOMPILE_LIMIT = 64
+# torch.export specialises a dimension whose example size is 0 or 1: the example pass is longer.
+EXAMPLE_PASS = 4
 # Tokens a new generation's static cache holds beyond its prompt before it must grow.
 RESERVE = 256
-
-
-def pass_size(n: int) -> int | None:
-    """The compiled pass that takes `n` tokens, or None (eager)."""
-    return next((size for size in PASS_SIZES if size >= n), None)
+PACKAGE_SCHEMA = 1
 
 
 def static_length(needed: int, limit: int | None = None) -> int:
@@ -48,26 +51,66 @@ def static_length(needed: int, limit: int | None = None) -> int:
     return min(length, limit) if limit else length
 
 
+class StaticStep(torch.nn.Module):
+    """A pass over a static cache whose tensors come in as arguments: (logits, *hidden states)."""
+
+    def __init__(self, model: torch.nn.Module, length: int) -> None:
+        super().__init__()
+        self.model = model
+        self.length = length
+
+    def forward(self, input_ids, lengths: list, keys: list, values: list):
+        cache = StaticCache(config=self.model.config, max_cache_len=self.length)
+        for layer, k, v, n in zip(cache.layers, keys, values, lengths, strict=True):
+            layer.keys, layer.values, layer.cumulative_length = k, v, n
+            layer.device = k.device
+            layer.batch_size, layer.num_heads = k.shape[:2]
+            layer.k_head_dim, layer.v_head_dim = k.shape[-1], v.shape[-1]
+            layer.is_initialized = True
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True)
+        return (out.logits, *out.hidden_states)
+
+
+def compiled_dir() -> Path:
+    """$DRAFTLAB_COMPILED_DIR, else compiled/ under the draftlab home."""
+    from draftlab.models.cache import home  # noqa: PLC0415
+
+    env = os.environ.get("DRAFTLAB_COMPILED_DIR")
+    return Path(env).expanduser() if env else home() / "compiled"
+
+
+def weights_stamp(path: str) -> list:
+    """What a package's weights depend on beyond the model's name: its weight files' sizes and times."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return [path]
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def package_path(lm: LoadedModel, length: int) -> Path:
+    from draftlab.models.profile import fingerprint, fingerprint_key  # noqa: PLC0415
+
+    fp = {**fingerprint(lm, compiled=True), "weights": weights_stamp(lm.path), "package": PACKAGE_SCHEMA}
+    slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
+    return compiled_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}" / f"{length}.pt2"
+
+
 @dataclass
 class CompiledSteps:
-    """One model's compiled one-token forward, shared by every cache-aware wrapper of that model."""
+    """One model's compiled passes, shared by every cache-aware wrapper of that model."""
 
-    model: torch.nn.Module
-    # (bucket, pass size) -> the first call's seconds, compile included
-    compile_seconds: dict[tuple[int, int], float] = field(default_factory=dict)
-    calls: int = 0  # passes run through the compiled call
+    lm: LoadedModel
+    # cache length -> seconds to get its package ready: export and compile, or load from disk
+    compile_seconds: dict[int, float] = field(default_factory=dict)
+    loaded: dict[int, bool] = field(default_factory=dict)  # cache length -> built by an earlier run
+    calls: int = 0  # passes run through a package
+    caches: dict[int, StaticCache] = field(default_factory=dict)
+    runners: dict[int, object] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        # transformers' own switch between eager prefill and compiled decoding (what generate() uses
-        # with a static cache); one graph per cache length, no dynamic shapes. On a CPU, inductor's
-        # own GEMM templates (max_autotune) over frozen, prepacked weights are what beat the eager
-        # per-product overhead; plain compilation gained nothing on an AMD Zen5 (docs/engines.md).
-        # A graph per (bucket, pass size): past dynamo's default of 8 it would silently run the rest
-        # eagerly (seen: the 1024-token bucket's passes of 4 and 8 "compiled" in 0.1 s).
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
-        config = CompileConfig(fullgraph=False, dynamic=False, mode=None, options=INDUCTOR_OPTIONS)
-        self._call = self.model.get_compiled_call(config)
-        self.caches: dict[int, StaticCache] = {}
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
 
     @property
     def limit(self) -> int | None:
@@ -75,13 +118,9 @@ class CompiledSteps:
 
     @torch.inference_mode()  # the cache's tensors are made, and emptied, under inference mode
     def new_cache(self, needed: int) -> StaticCache:
-        """The static cache of the bucket that holds `needed` tokens, emptied.
-
-        Frozen graphs hold the very cache tensors they were compiled with (a fresh cache gave
-        logits off by 20-30 in a probe), so each bucket has one cache for the model's life, and a
-        new generation empties it: its length goes to 0, and older keys past the length are masked
-        by causality until they are overwritten, as after `crop`.
-        """
+        """The static cache of the bucket that holds `needed` tokens, emptied: its length goes to
+        0, and older keys past the length are masked by causality until overwritten, as after
+        `crop` (one cache per bucket for the model's life, so a generation allocates nothing)."""
         length = static_length(needed, self.limit)
         cache = self.caches.get(length)
         if cache is None:
@@ -105,28 +144,70 @@ class CompiledSteps:
             new.cumulative_length.fill_(n)
         return bigger
 
-    def __call__(self, cache: StaticCache, **kwargs):
-        length = (capacity(cache), int(kwargs["input_ids"].shape[1]))
+    def __call__(self, cache: StaticCache, input_ids: torch.Tensor) -> SimpleNamespace:
+        """A pass of up to MAX_PASS tokens; the cache's layers must hold keys already (a prompt
+        ran eagerly over it first)."""
+        runner = self.runner(cache)
+        layers = cache.layers
+        out = runner(
+            input_ids,
+            [layer.cumulative_length for layer in layers],
+            [layer.keys for layer in layers],
+            [layer.values for layer in layers],
+        )
         self.calls += 1
-        # Freezing is read from inductor's global config (as an option it is not honoured): it is
-        # set only while this model's graphs run, and so compile.
-        with inductor_config.patch(freezing=True):
-            if length in self.compile_seconds:
-                return self._call(cache=cache, **kwargs)
+        return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
+
+    def runner(self, cache: StaticCache):
+        length = capacity(cache)
+        runner = self.runners.get(length)
+        if runner is None:
             t0 = time.perf_counter()
-            out = self._call(cache=cache, **kwargs)
-        self.compile_seconds[length] = time.perf_counter() - t0
-        return out
+            path = package_path(self.lm, length)
+            self.loaded[length] = path.exists()
+            if not path.exists():
+                self._build(cache, path)
+            runner = self.runners[length] = torch._inductor.aoti_load_package(str(path))
+            self.compile_seconds[length] = time.perf_counter() - t0
+        return runner
+
+    def _build(self, cache: StaticCache, path: Path) -> None:
+        """Export the pass over this cache's shapes and compile it into a package at `path`."""
+        layers = cache.layers
+        # Outside inference mode: export traces with ordinary tensors (clones of the cache's).
+        with torch.inference_mode(False), torch.no_grad():
+            ids = torch.zeros((1, EXAMPLE_PASS), dtype=torch.long, device=self.lm.device)
+            example = (
+                ids,
+                [layer.cumulative_length.clone() for layer in layers],
+                [layer.keys.clone() for layer in layers],
+                [layer.values.clone() for layer in layers],
+            )
+            fixed = [None] * len(layers)
+            tokens = torch.export.Dim("tokens", min=1, max=MAX_PASS)
+            shapes = {"input_ids": {1: tokens}, "lengths": fixed, "keys": fixed, "values": fixed}
+            program = torch.export.export(
+                StaticStep(self.model, capacity(cache)), example, dynamic_shapes=shapes, strict=False
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(partial), inductor_configs=INDUCTOR_CONFIGS
+            )
+            os.replace(partial, path)  # whole or absent, also with two processes at once
+        (path.parent / "model.json").write_text(
+            json.dumps({"model": self.lm.spec.name, "path": self.lm.path})
+        )
 
 
 def capacity(cache: StaticCache) -> int:
     return cache.layers[0].max_cache_len
 
 
-def compiled_steps(model: torch.nn.Module) -> CompiledSteps:
+def compiled_steps(lm: LoadedModel) -> CompiledSteps:
     """The model's `CompiledSteps`, made once per model object."""
-    steps = getattr(model, "_draftlab_compiled_steps", None)
+    steps = getattr(lm.model, "_draftlab_compiled_steps", None)
     if steps is None:
-        steps = CompiledSteps(model)
-        model._draftlab_compiled_steps = steps
+        steps = CompiledSteps(lm)
+        lm.model._draftlab_compiled_steps = steps
     return steps

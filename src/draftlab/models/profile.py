@@ -136,7 +136,7 @@ def supported_dtypes(device: torch.device | str) -> list[str]:
 def fingerprint(lm: LoadedModel, compiled: bool = False) -> dict:
     """Everything a cost curve depends on: a profile with another fingerprint is re-measured.
 
-    `compiled`: the target's passes through torch.compile (models/compiled.py), a curve of its own."""
+    `compiled`: the target's passes through its compiled package (models/compiled.py), a curve of its own."""
     from draftlab.models.llamacpp import runs_on_llamacpp  # noqa: PLC0415
 
     if runs_on_llamacpp(lm):
@@ -286,8 +286,8 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
 
 # Contexts of a compiled profile: both in the first static-cache bucket (512 tokens), where the
 # default suite's generations run. Its graphs attend over the whole bucket, so within a bucket the
-# cost hardly moves with the context; a longer context's bucket would cost four more compiles of
-# about 45 s each on 2 cores, and past 256 the curve extends the line through the two points.
+# cost hardly moves with the context; a longer context's bucket would cost another package (about
+# 1.5 min to build on 2 cores), and past 256 the curve extends the line through the two points.
 COMPILED_CONTEXTS = (64, 256)
 
 
@@ -334,7 +334,7 @@ def measure(
 ) -> CostCurve:
     """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly.
 
-    `compiled`: through torch.compile over a static cache, every graph compiled before it is timed."""
+    `compiled`: through the compiled package over a static cache, made ready before it is timed."""
     runner = cached(lm, compiled=compiled)
     limit = lm.context_length
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
