@@ -83,7 +83,7 @@ class Choice:
     cost_ms: float
     plain_ms: float  # one plain target step at this context
     probe: bool = False
-    gain: float = 1.0  # the correction of expected gain that the choice applied (GAIN_DECAY)
+    gain: float = 1.0  # the factor on expected gain that the choice applied (`RoundSizer.gain_factor`)
     kind: str | None = None  # the kind of proposal it was made for
 
 
