@@ -182,6 +182,28 @@ def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
     assert "--compile is for the hf engine" in capsys.readouterr().err
 
 
+def test_a_family_whose_one_token_pass_does_not_export_gets_a_one_line_error(tiny_pair):
+    """OPT's export assumes passes of 2 tokens or more: its package is refused, with the model
+    named, when it is made ready; GPT-2's package gives the eager logits."""
+    target = str(tiny_pair["opt"][0])
+    result = cli(
+        "generate", "hello there", "--target", target, "--method", "ar", "--compile", "--dtype", "float32"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    # The package was built (under a progress line), then refused in one line.
+    error = result.stderr.strip().splitlines()[-1]
+    one_line(error, ["--compile cannot run", "opt", "without --compile"])
+    assert "Error:" not in result.stderr.replace("draftlab: error:", "")
+    lm = load_model(ModelSpec(str(tiny_pair["gpt2"][0]), dtype="float32"))
+    eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
+    for cm in (eager, compiled):
+        cm.start([5, 6, 7])
+        cm.forward([5, 6, 7])  # a prompt of 3 tokens: eager on both, the cache holds no keys yet
+    a, b = eager.forward([9]), compiled.forward([9])
+    assert compiled_steps(lm).calls == 1
+    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+
+
 def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_path, capsys):
     target = str(tiny_pair["llama"][0])
     suite = write_suite(tmp_path / "suite.jsonl", [{"id": "a", "category": "qa", "prompt": "the cat sat on"}])

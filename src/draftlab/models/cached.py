@@ -165,7 +165,9 @@ class CachedModel:
             raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
         if len(self._tokens) > capacity(self._cache):
             self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, len(self._tokens))
-        if feed.shape[1] > MAX_PASS:
+        # A prompt runs eagerly, and so does any pass before the cache holds keys (a prompt of up
+        # to MAX_PASS tokens): the package takes the shapes of the cache's tensors.
+        if feed.shape[1] > MAX_PASS or not self._cache.layers[0].is_initialized:
             return self.model(input_ids=feed, **kwargs)
         # The package returns the hidden states whatever was asked: an EAGLE head's passes and
         # plain ones share it, and the compiled profile prices what both run.

@@ -16,9 +16,12 @@ Prompts run eagerly over the same cache; rollback is the cache's `crop`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,10 +29,18 @@ from types import SimpleNamespace
 import torch
 from transformers import StaticCache
 
+from draftlab.errors import DraftlabError, first_line
 from draftlab.models.loading import LoadedModel
 
 # inductor's "max-autotune-no-cudagraphs" mode, with frozen (constant-folded, prepacked) weights.
-INDUCTOR_CONFIGS = {"freezing": True, "max_autotune": True, "coordinate_descent_tuning": True}
+# Its autotuning tables stay off the terminal (a build's stderr would be pages of them).
+INDUCTOR_CONFIGS = {
+    "freezing": True,
+    "max_autotune": True,
+    "coordinate_descent_tuning": True,
+    "max_autotune_report_choices_stats": False,
+    "autotune_num_choices_displayed": 0,
+}
 FIRST_BUCKET = 512
 # The longest pass a package runs; longer ones (prompts) run eagerly.
 MAX_PASS = 8
@@ -147,14 +158,7 @@ class CompiledSteps:
     def __call__(self, cache: StaticCache, input_ids: torch.Tensor) -> SimpleNamespace:
         """A pass of up to MAX_PASS tokens; the cache's layers must hold keys already (a prompt
         ran eagerly over it first)."""
-        runner = self.runner(cache)
-        layers = cache.layers
-        out = runner(
-            input_ids,
-            [layer.cumulative_length for layer in layers],
-            [layer.keys for layer in layers],
-            [layer.values for layer in layers],
-        )
+        out = self.runner(cache)(input_ids, *_cache_args(cache))
         self.calls += 1
         return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
 
@@ -167,9 +171,25 @@ class CompiledSteps:
             self.loaded[length] = path.exists()
             if not path.exists():
                 self._build(cache, path)
-            runner = self.runners[length] = torch._inductor.aoti_load_package(str(path))
+            runner = torch._inductor.aoti_load_package(str(path))
+            self._check_one_token(runner, cache, path)
+            self.runners[length] = runner
             self.compile_seconds[length] = time.perf_counter() - t0
         return runner
+
+    @torch.inference_mode()
+    def _check_one_token(self, runner, cache: StaticCache, path: Path) -> None:
+        """Refuse a package that cannot run a one-token pass (on copies of the cache's tensors):
+        OPT's export assumes passes of 2 tokens or more, and its positions do not export at 1."""
+        lengths, keys, values = ([t.clone() for t in group] for group in _cache_args(cache))
+        try:
+            with _quiet_stderr():  # the package's C++ check prints its own "Error:" line
+                runner(torch.zeros((1, 1), dtype=torch.long, device=self.lm.device), lengths, keys, values)
+        except RuntimeError as error:
+            raise DraftlabError(
+                f"--compile cannot run '{self.lm.spec.name}': its one-token pass does not export "
+                f"({first_line(error)}); decode it without --compile"
+            ) from None
 
     def _build(self, cache: StaticCache, path: Path) -> None:
         """Export the pass over this cache's shapes and compile it into a package at `path`."""
@@ -186,18 +206,49 @@ class CompiledSteps:
             fixed = [None] * len(layers)
             tokens = torch.export.Dim("tokens", min=1, max=MAX_PASS)
             shapes = {"input_ids": {1: tokens}, "lengths": fixed, "keys": fixed, "values": fixed}
-            program = torch.export.export(
-                StaticStep(self.model, capacity(cache)), example, dynamic_shapes=shapes, strict=False
-            )
+            try:
+                program = torch.export.export(
+                    StaticStep(self.model, capacity(cache)), example, dynamic_shapes=shapes, strict=False
+                )
+            except Exception as error:  # noqa: BLE001 - torch.export raises many kinds
+                raise DraftlabError(
+                    f"--compile cannot export '{self.lm.spec.name}' ({first_line(error)}); "
+                    "decode it without --compile"
+                ) from None
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(partial), inductor_configs=INDUCTOR_CONFIGS
-            )
+            with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+                warnings.simplefilter("ignore", UserWarning)
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(partial), inductor_configs=INDUCTOR_CONFIGS
+                )
             os.replace(partial, path)  # whole or absent, also with two processes at once
         (path.parent / "model.json").write_text(
             json.dumps({"model": self.lm.spec.name, "path": self.lm.path})
         )
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the block (what C++ code prints there too)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _cache_args(cache: StaticCache) -> tuple[list, list, list]:
+    layers = cache.layers
+    return (
+        [layer.cumulative_length for layer in layers],
+        [layer.keys for layer in layers],
+        [layer.values for layer in layers],
+    )
 
 
 def capacity(cache: StaticCache) -> int:
