@@ -28,8 +28,7 @@ class LookupTreeProposer(LookupProposer):
         self.min_ngram = min_ngram
         self.depth = depth
         self.max_nodes = max_nodes
-        self.index_ngrams = max_ngram
-        super().__init__()
+        super().__init__(max_ngram)
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:

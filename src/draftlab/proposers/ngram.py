@@ -21,12 +21,10 @@ AGREEMENT_EDGES = (4, 8, 16)
 class LookupProposer(Proposer):
     """Proposes from the text itself: the prompt and what the target wrote after it."""
 
-    index_ngrams = 1  # the longest n-gram whose starts the context index keeps
-
-    def __init__(self) -> None:
+    def __init__(self, index_ngrams: int = 1) -> None:
         self._prompt: list[int] = []
         self._prefix_len = 0
-        self.index = ContextIndex(self.index_ngrams)
+        self.index = ContextIndex(index_ngrams)  # starts of n-grams up to `index_ngrams` tokens
 
     def start(self, prompt_ids: list[int], prefix: list[int]) -> None:
         # For an encoder-decoder model the prompt is not part of the decoder sequence,
@@ -54,8 +52,7 @@ class PromptLookupProposer(LookupProposer):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.weak_tokens = weak_tokens
-        self.index_ngrams = max_ngram
-        super().__init__()
+        super().__init__(max_ngram)
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         if k <= 0:
@@ -68,7 +65,7 @@ class PromptLookupProposer(LookupProposer):
         context = index.tokens
         weak = n == 1 and len(hits) >= 3
         length = min(k, self.weak_tokens) if weak else k
-        hit = int(hits[-1])  # the most recent match; at least one token follows it
+        hit = hits[-1]  # the most recent match; at least one token follows it
         kind = f"{n}-gram" + (" weak" if weak else "")
         if n == self.max_ngram:
             # Classed by agreement within the n-gram's record (round_sizer.parent_kind). A shorter
