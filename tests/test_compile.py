@@ -180,6 +180,11 @@ def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
     one_line(result.stderr, ["--compile", "'pld-tree'"])
     assert main(["bench", "--target", target, "--engines", "llamacpp", "--compile"]) == 2
     assert "--compile is for the hf engine" in capsys.readouterr().err
+    # A model off the CPU (here on the meta device; tests/test_cuda.py runs it on a GPU).
+    lm = load_model(ModelSpec(target, dtype="float32"))
+    lm.model.to("meta")
+    with pytest.raises(DraftlabError, match=f"--compile builds CPU packages; '{target}' is on meta"):
+        CachedModel(lm, compiled=True)
 
 
 def test_a_family_whose_one_token_pass_does_not_export_gets_a_one_line_error(tiny_pair):

@@ -257,6 +257,13 @@ def capacity(cache: StaticCache) -> int:
 
 def compiled_steps(lm: LoadedModel) -> CompiledSteps:
     """The model's `CompiledSteps`, made once per model object."""
+    if lm.device.type != "cpu":
+        # On an H100 (torch 2.11+cu130) every CUDA package built here crashed the process as it
+        # loaded, with freezing and autotuning on or off (docs/engines.md): refuse before building.
+        raise DraftlabError(
+            f"--compile builds CPU packages; '{lm.spec.name}' is on {lm.device.type}: "
+            "decode it there without --compile"
+        )
     steps = getattr(lm.model, "_draftlab_compiled_steps", None)
     if steps is None:
         steps = CompiledSteps(lm)
