@@ -104,6 +104,7 @@ def test_resume_refuses_a_different_configuration(tiny_pair, suite_file, tmp_pat
     out2 = tmp_path / "run2"
     assert main(bench_args(tiny_pair, suite_file, out2, "--methods", "ar,pld")) == 0
     before = (out2 / "run.json").read_text()
+    capsys.readouterr()  # that run's own status lines (a first profile prints some)
     assert main(bench_args(tiny_pair, suite_file, out2, *changed)) == 2
     err = capsys.readouterr().err
     for name in ("temperature", "chat", "pld_tokens"):

@@ -86,6 +86,7 @@ def sizing(records: Sequence[Record]) -> dict:
         if r.dtype:
             dtypes[r.dtype] = dtypes.get(r.dtype, 0) + 1
     timed = sum(r.timed_rounds for r in records)
+    paced = sum(r.paced_rounds for r in records)
     return {
         "dtypes": dtypes,  # generations per target dtype (a routed method may use several)
         # Σ measured round ms / Σ ms the cached profile predicted for those rounds
@@ -97,6 +98,8 @@ def sizing(records: Sequence[Record]) -> dict:
         "k0_share": ratio(counts[0], rounds) if counts else None,
         "mean_k": ratio(sum(k * n for k, n in enumerate(counts)), rounds) if counts else None,
         "probes": sum(r.probes for r in records),
+        # rounds that skipped looking for a free draft (decode/pacing.py), of all rounds
+        "paced_share": ratio(paced, paced + rounds) if counts else None,
         "cost_predicted_speedup": ratio(sum(r.predicted_plain_ms for r in records), predicted_ms)
         if counts
         else None,

@@ -24,6 +24,7 @@ def sizing_table(summary: dict) -> TableData | None:
                 fmt(m["mean_k"]),
                 spread,
                 str(m["probes"]),
+                fmt_pct(m.get("paced_share")),
                 fmt(m["cost_predicted_speedup"]) + ("×" if m["cost_predicted_speedup"] is not None else ""),
                 fmt_speedup(m, "decode_", ci=False),
                 fmt_vs_best(m),
@@ -32,9 +33,13 @@ def sizing_table(summary: dict) -> TableData | None:
         )
     if not rows:
         return None
-    headers = ["label", "rounds", "k = 0", "mean k", "share of rounds by k", "probes"]
+    headers = ["label", "rounds", "k = 0", "mean k", "share of rounds by k", "probes", "paced"]
     headers += ["predicted (cost curve)", "decode speed-up", "vs best ar", "generations by dtype"]
-    note = "k = 0 is a plain target step; predicted = Σ ms plain decoding would take for the expected tokens / Σ predicted ms"
+    note = (
+        "rounds: those sized; k = 0 is a plain target step; paced: share of all rounds that did not look"
+        " for a free draft, since recent ones went unverified; predicted = Σ ms plain decoding would take"
+        " for the expected tokens / Σ predicted ms"
+    )
     return TableData("Round sizing (cost-aware)", headers, rows, note)
 
 

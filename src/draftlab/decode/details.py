@@ -32,6 +32,9 @@ class RoundDetails:
     branch_wins: int = 0
     tree_fallback: str | None = None
     proposer_info: dict = field(default_factory=dict)
+    # Free drafts: rounds run without looking for one, since recent proposals went unverified
+    # (decode/pacing.py); neither sized (k_counts) nor timed.
+    paced_rounds: int = 0
 
     def round_details(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(RoundDetails)}

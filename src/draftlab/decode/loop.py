@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from draftlab.decode.details import RoundDetails
+from draftlab.decode.pacing import ProposalPacer
 from draftlab.decode.round_sizer import Choice, RoundSizer, Shadows
 from draftlab.decode.timing import synchronized_clock
 from draftlab.decode.tree_sizer import TreeSizer
@@ -189,13 +190,22 @@ class SpeculativeDecoder:
         shadow = Shadows()
         if sizer is not None:
             sizer.start()
+        # Free drafts sized by cost: stop looking every round while none is worth verifying.
+        pacer = ProposalPacer() if sizer is not None and sizer.free_drafts else None
         while len(sequence) - prefix_len < max_new_tokens and (
             len(sequence) == prefix_len or sequence[-1] not in self.eos
         ):
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
-            proposal, choice = self._propose(sequence, budget, params, sampler, shadow)
+            paced = pacer is not None and not pacer.wants_proposal()
+            if paced:
+                proposal, choice = Proposal(), None
+                stats.paced_rounds += 1
+            else:
+                proposal, choice = self._propose(sequence, budget, params, sampler, shadow)
+                if pacer is not None:
+                    pacer.proposed(bool(proposal.tokens) and not (choice is not None and choice.probe))
             proposal = self._cut_at_eos(proposal)
             stats.propose_s += time.perf_counter() - t_propose
             stats.propose_calls += proposer.forward_calls - calls_before
@@ -233,6 +243,9 @@ class SpeculativeDecoder:
                     choice.k, choice.expected_tokens, choice.cost_ms, choice.plain_ms, choice.probe
                 )
                 self._learn(sizer, shadow, proposal, verdict.accepted, new, choice)
+            elif paced and not isinstance(sizer, TreeSizer):
+                for ended in shadow.advance(new):  # shadows begun before the skip go on scoring
+                    sizer.observe(*ended)
             new = self._stop_at_eos(new)[:budget]
             stats.draft_tokens_kept += min(verdict.accepted, len(new))
             sequence.extend(new)

@@ -50,6 +50,8 @@ class SuffixProposer(LookupProposer):
         # 36th generation of a bench, 3% of a llama.cpp step). Rebuilt when the store changes.
         self._earlier = np.empty(0, dtype=np.int64)
         self._earlier_positions = TokenPositions(self._earlier)
+        self._earlier_list: list[int] = []
+        self._next_separator = np.empty(0, dtype=np.int64)
         self._starts = np.empty(0, dtype=np.int64)
         self._labels: list[str] = []
         self._built_for: tuple[int, int, int] | None = None
@@ -83,6 +85,10 @@ class SuffixProposer(LookupProposer):
             joined = [part for _, tokens in usable for part in (tokens, np.array([SEPARATOR]))]
             self._earlier = np.concatenate(joined).astype(np.int64) if joined else np.empty(0, dtype=np.int64)
             self._earlier_positions = TokenPositions(self._earlier)
+            self._earlier_list = self._earlier.tolist()
+            # Per position, where the next SEPARATOR is (every output is followed by one).
+            separators = np.flatnonzero(self._earlier == SEPARATOR)
+            self._next_separator = separators[np.searchsorted(separators, np.arange(len(self._earlier)))]
             self._built_for = state
         return self._earlier
 
@@ -104,16 +110,17 @@ class SuffixProposer(LookupProposer):
             return Proposal(parents=[])
         depth = min(k, self.max_depth, max(1, math.ceil(self.depth_factor * length)))
         trie = ContinuationTrie()
-        for end in own_ends:
-            trie.add(own[end : end + depth].tolist(), origin="context")
-        for end in earlier_ends:
-            continuation = earlier[end : end + depth]
-            stop = np.flatnonzero(continuation == SEPARATOR)
-            if stop.size:  # the output ends there
-                continuation = continuation[: stop[0]]
-            if continuation.size:
-                output = int(np.searchsorted(self._starts, end, side="right")) - 1
-                trie.add(continuation.tolist(), origin=self._labels[output])
+        tokens = index.tokens
+        for end in own_ends.tolist():
+            trie.add(tokens[end : end + depth], origin="context")
+        if earlier_ends.size:
+            # A continuation stops at its output's end (the next SEPARATOR).
+            stops = np.minimum(earlier_ends + depth, self._next_separator[earlier_ends]).tolist()
+            outputs = (np.searchsorted(self._starts, earlier_ends, side="right") - 1).tolist()
+            joined = self._earlier_list
+            for end, stop, output in zip(earlier_ends.tolist(), stops, outputs, strict=True):
+                if stop > end:
+                    trie.add(joined[end:stop], origin=self._labels[output])
         proposal, origins = trie.proposal(
             self.max_nodes, depth, kind=f"suffix {min(length, 4)}", source="suffix", min_score=self.min_score
         )
@@ -128,17 +135,24 @@ def _longest_match(
     """The longest suffix of `text` (up to `max_pattern`) found in any doc, and per doc the
     indices just after each of its occurrences (where a continuation starts); `first` holds,
     per doc, where the last token of `text` occurs in it."""
-    best_len, best = 0, [np.empty(0, dtype=np.int64) for _ in docs]
-    ends = [positions + 1 for positions in first]
-    for length in range(1, min(max_pattern, len(text) - 1) + 1):
-        if length > 1:
-            want = text[-length]
-            ends = [e[(e - length >= 0)] for e in ends]
-            ends = [e[tokens[e - length] == want] for e, tokens in zip(ends, docs, strict=True)]
-        if not any(e.size for e in ends):
-            break
-        best_len, best = length, ends
-    return best_len, best
+    cap = min(max_pattern, len(text) - 1)
+    if cap < 1:
+        return 0, [np.empty(0, dtype=np.int64) for _ in docs]
+    # All candidates at once, a few array operations per doc (a loop over lengths cost ~4 numpy
+    # calls per length and doc, a third of a suffix round): how far back from each candidate the
+    # doc agrees with the end of `text`.
+    back = np.arange(1, cap + 1)
+    wanted = text[::-1][:cap]
+    agreements = []
+    for doc, positions in zip(docs, first, strict=True):
+        ends = positions + 1
+        at = ends[:, None] - back[None, :]
+        same = (doc[np.maximum(at, 0)] == wanted) & (at >= 0)
+        agreements.append((ends, np.cumprod(same, axis=1).sum(axis=1)))
+    best_len = max((int(agree.max()) for _, agree in agreements if agree.size), default=0)
+    if not best_len:
+        return 0, [np.empty(0, dtype=np.int64) for _ in docs]
+    return best_len, [ends[agree == best_len] for ends, agree in agreements]
 
 
 class TokenPositions:
