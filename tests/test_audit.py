@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from helpers import noisy_copy
 
 from draftlab.bench.audit import MethodAudit, default_methods, first_divergence, verdict
 from draftlab.cli import main
@@ -25,15 +25,7 @@ PROMPTS = "Once upon a time, there was a little dog named Max.\nLily went to the
 @pytest.fixture(scope="module")
 def pair(stories, tmp_path_factory):
     root = tmp_path_factory.mktemp("audit")
-    draft = root / "stories-noisy"
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(stories)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn_like(p) * 0.2 * p.std())
-    model.save_pretrained(draft)
-    AutoTokenizer.from_pretrained(stories).save_pretrained(draft)
+    draft = noisy_copy(stories, root / "stories-noisy")
     prompts = root / "prompts.txt"
     prompts.write_text(PROMPTS)
     return str(stories), str(draft), str(prompts)

@@ -10,9 +10,8 @@ import json
 
 import pytest
 import torch
-from helpers import QUIET, pair_args, write_suite
+from helpers import QUIET, noisy_copy, pair_args, write_suite
 from tolerance import assert_greedy_equal
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftlab.bench.records import read_records
 from draftlab.cli import main
@@ -32,15 +31,7 @@ LOSSLESS = ("sps", "pld", "pld-tree", "sps-tree", "hybrid", "suffix", "hf-greedy
 def story_pair(stories, tmp_path_factory):
     """stories260K as the target and a perturbed copy as its draft: a real pair whose drafts are often
     right and sometimes wrong, so that acceptance and rollback are both exercised."""
-    torch.manual_seed(0)
-    draft = tmp_path_factory.mktemp("cuda-draft") / "draft"
-    model = AutoModelForCausalLM.from_pretrained(stories)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn_like(p) * 0.2 * p.std())
-    model.save_pretrained(draft)
-    AutoTokenizer.from_pretrained(stories).save_pretrained(draft)
+    draft = noisy_copy(stories, tmp_path_factory.mktemp("cuda-draft") / "draft")
     return str(stories), str(draft)
 
 
