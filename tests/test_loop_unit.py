@@ -546,6 +546,9 @@ class FakeSizer:
         self.propose_times.append(ms)
         self.log.append(("propose_time", ms >= 0))
 
+    def look_share(self, context):
+        return 0.0  # looking is cheap: every round proposes (pacing: test_pacing.py)
+
 
 def test_a_sized_draft_model_round_proposes_the_chosen_k():
     proposer = TableProposer({7: 3})
@@ -645,6 +648,9 @@ class FakeTreeSizer(TreeSizer):
 
     def expand_threshold(self, context):
         return 0.25 + context
+
+    def look_share(self, context):
+        return 0.0  # every round proposes
 
     def tree_draft_ms(self, context, pending):
         self.log.append(("tree_draft_ms", context, pending))

@@ -291,8 +291,6 @@ def test_cost_aware_sps_and_pld_match_ar(family, tiny_pair):
             assert sum(out.stats.k_counts) + paced == out.stats.rounds
             if method == "sps":
                 assert paced == 0, "a draft model's rounds are never paced"
-            elif shape is STEEP:
-                assert paced > 0, "no lookup pays on a steep curve: most rounds skip looking"
             # Every sized round after the first is timed against what the profile alone predicted.
             assert out.stats.timed_rounds == out.stats.rounds - 1 - paced
             assert out.stats.profiled_ms > 0 and out.stats.measured_ms > 0

@@ -205,7 +205,8 @@ class SpeculativeDecoder:
             else:
                 proposal, choice = self._propose(sequence, budget, params, sampler, shadow)
                 if pacer is not None:
-                    pacer.proposed(bool(proposal.tokens) and not (choice is not None and choice.probe))
+                    verified = bool(proposal.tokens) and not (choice is not None and choice.probe)
+                    pacer.proposed(verified, sizer.look_share(len(sequence)))
             proposal = self._cut_at_eos(proposal)
             stats.propose_s += time.perf_counter() - t_propose
             stats.propose_calls += proposer.forward_calls - calls_before

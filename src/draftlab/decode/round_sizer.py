@@ -319,6 +319,11 @@ class RoundSizer:
         if probe:
             self._probe_outcome(float(accepted))
 
+    def look_share(self, context: int) -> float:
+        """A free proposer's own time per round as a share of a plain target step here."""
+        step_ms = self.cost.verify_ms(1, context)
+        return self.propose_ms / step_ms if step_ms > 0 else 0.0
+
     def observe_propose_time(self, ms: float) -> None:
         self.propose_ms = 0.9 * self.propose_ms + 0.1 * ms if self.propose_ms else ms
 
