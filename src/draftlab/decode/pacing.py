@@ -14,7 +14,7 @@ delay is not worth it, and every round looks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 IDLE_ROUNDS = 4
 MAX_SKIP = 8
@@ -26,9 +26,9 @@ class ProposalPacer:
     idle_rounds: int = IDLE_ROUNDS
     max_skip: int = MAX_SKIP
     min_look_share: float = MIN_LOOK_SHARE
-    _idle: int = 0  # proposals in a row left unverified
-    _skip: int = 0  # the last skip's length (0: proposing every round)
-    _left: int = 0  # rounds of the current skip still to go
+    _idle: int = field(default=0, init=False)  # proposals in a row left unverified
+    _skip: int = field(default=0, init=False)  # the last skip's length (0: proposing every round)
+    _left: int = field(default=0, init=False)  # rounds of the current skip still to go
 
     def wants_proposal(self) -> bool:
         """False for a round to run plainly, without a proposal."""
