@@ -249,6 +249,10 @@ def test_lookups_are_classed_by_how_far_their_match_agrees():
     first = chain.propose(long, 4, GREEDY, None)
     assert first.tokens == copied[12:16] and first.kind == "3-gram/agrees on 8-15"
     assert chain.propose([*long, *copied[12:16]], 4, GREEDY, None).kind == "3-gram/agrees on 16+"
+    suffix = SuffixProposer(max_depth=4, min_score=0.0)
+    for text, kind in ((short, "suffix 3"), (long, "suffix 8-15"), ([*long, *copied[12:16]], "suffix 16+")):
+        suffix.start(text, text)
+        assert suffix.propose(text, 4, GREEDY, None).kind == kind
     assert [agreement_kind(n) for n in (2, 4, 7, 8, 15, 16, 99)] == [
         "agrees on 2",
         "agrees on 4-7",
