@@ -84,11 +84,17 @@ def agreement(context: list[int], hit: int, n: int, cap: int) -> int:
     return length
 
 
-def agreement_kind(length: int) -> str:
-    """The class of a match by how far it agrees (AGREEMENT_EDGES), e.g. "agrees on 8-15"."""
+def length_class(length: int) -> str:
+    """A match length in the classes both lookups calibrate apart (AGREEMENT_EDGES): "3", "4-7",
+    "8-15", "16+"."""
     if length < AGREEMENT_EDGES[0]:
-        return f"agrees on {length}"
+        return str(length)
     below = [edge for edge in AGREEMENT_EDGES if edge <= length]
     if len(below) == len(AGREEMENT_EDGES):
-        return f"agrees on {AGREEMENT_EDGES[-1]}+"
-    return f"agrees on {below[-1]}-{AGREEMENT_EDGES[len(below)] - 1}"
+        return f"{AGREEMENT_EDGES[-1]}+"
+    return f"{below[-1]}-{AGREEMENT_EDGES[len(below)] - 1}"
+
+
+def agreement_kind(length: int) -> str:
+    """The class of a match by how far it agrees (AGREEMENT_EDGES), e.g. "agrees on 8-15"."""
+    return f"agrees on {length_class(length)}"

@@ -10,7 +10,8 @@ probability falls below a floor are pruned. Outputs of a request with the same p
 used (in a benchmark that would be the answer itself); the proposer records which earlier
 outputs its proposals drew on.
 
-A proposal's kind is its match length, in classes (`MATCH_CLASSES`), which the sizer calibrates
+A proposal's kind is its match length, in the classes prompt lookup uses for agreement
+(`ngram.length_class`: 1, 2, 3, 4-7, 8-15, 16+), which the sizer calibrates
 apart: replaying the built-in suite's outputs, the best path of a tree from a match of 4-7 tokens
 kept 3.0 tokens on average, one from 8-15 tokens 4.1 and one from 16 or more 5.9 (on math 2.3, 3.3
 and 4.7). Pooled as one "4 or more" class, the long copies of summaries paid for 4-7-token
@@ -26,12 +27,11 @@ import numpy as np
 
 from draftlab.proposal import Proposal
 from draftlab.proposers.base import Proposer
-from draftlab.proposers.ngram import LookupProposer
+from draftlab.proposers.ngram import LookupProposer, length_class
 from draftlab.proposers.trie import ContinuationTrie
 from draftlab.sampling import Sampler, SamplingParams
 
 MAX_TREE_NODES = 64
-MATCH_CLASSES = ((16, "16+"), (8, "8-15"), (4, "4-7"), (3, "3"), (2, "2"), (1, "1"))
 SEPARATOR = -1  # between joined outputs: no token id, so no match runs across two outputs
 
 
@@ -132,18 +132,13 @@ class SuffixProposer(LookupProposer):
         proposal, origins = trie.proposal(
             self.max_nodes,
             depth,
-            kind=f"suffix {match_class(length)}",
+            kind=f"suffix {length_class(length)}",
             source="suffix",
             min_score=self.min_score,
         )
         for label in origins - {"context"}:
             self.used[label] = self.used.get(label, 0) + 1
         return proposal
-
-
-def match_class(length: int) -> str:
-    """The class of a match by its length, e.g. "8-15" (MATCH_CLASSES)."""
-    return next(name for shortest, name in MATCH_CLASSES if length >= shortest)
 
 
 def _longest_match(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from draftlab.proposal import Proposal
 
 
-@dataclass(slots=True)  # many are made each round: slots make that cheaper
+@dataclass
 class _Node:
     token: int
     weight: float = 0.0
