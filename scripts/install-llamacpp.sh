@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # llama-cpp-python, for `--engine llamacpp`, into the active virtual environment (default: .venv).
 #
-# PyPI has only its sdist, so pip compiles llama.cpp with cmake: 215 s on a 2-core AVX-512 Xeon with
-# these flags (up to ~8 minutes on slower cores). pip caches the wheel it built, so a second run, or
-# another environment of the same Python on this machine, installs in about a second. That cache is
-# keyed by the sdist and the Python version only, not by CMAKE_ARGS or the CPU: to rebuild with other
-# flags run with LLAMACPP_REBUILD=1 (no cache, forced reinstall), and never copy the cache to a
-# machine with another CPU (see GGML_NATIVE).
+# PyPI has only its sdist, so its wheel is compiled here with cmake, once per machine: 4 min on a
+# 2-core AMD Zen5 with these flags, up to ~8 on slower cores. The wheel is kept outside the clone,
+# in a folder named by the version, the Python, the build flags and this CPU (its model and flags:
+# GGML_NATIVE compiles for this CPU only), so a second run, another clone or another environment
+# on this machine installs it in seconds and a machine with another CPU builds its own.
+#
+#   DRAFTLAB_BUILD_CACHE  where built wheels are kept (default ~/.cache/draftlab/builds)
+#   LLAMACPP_REBUILD=1    build again even where a wheel is cached
+#   LLAMACPP_OPTIONAL=1   a failed build (no compiler) warns and exits 0: draftlab then runs without
+#                         the llama.cpp engine and its reports say so
+#   CMAKE_ARGS            more flags for cmake (e.g. -DGGML_CUDA=ON on a CUDA machine), appended
 #
 # Build flags, and why:
 #   GGML_NATIVE=ON   -march=native: the kernels use this CPU's own ISA (AVX2, AVX-512, VNNI, AMX),
 #                    as torch's do, so the two engines are compared on the same hardware features.
-#                    The wheel then runs only on CPUs with at least those features (hence the cache
-#                    note above).
 #   LLAVA_BUILD=OFF  skips the multimodal library (mtmd), which text decoding never loads.
-# LLAMACPP_WHEEL_DIR=DIR only builds the wheel into DIR (for scripts/run-tests.sh).
-# Extra flags for cmake go in CMAKE_ARGS (e.g. -DGGML_CUDA=ON on a CUDA machine); they are appended.
 #
 # Dependencies: numpy, typing-extensions, diskcache and jinja2, none of which torch 2.13.0 or
 # transformers 5.24 pin; the check below fails the script if pip changed torch or transformers.
@@ -30,31 +31,58 @@ before="$(python -c 'import torch, transformers; print(torch.__version__, transf
 cores="$(nproc 2>/dev/null || echo 2)"
 export CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$cores}"
-echo "installing llama-cpp-python==$version into $VIRTUAL_ENV (CMAKE_ARGS: $CMAKE_ARGS; $CMAKE_BUILD_PARALLEL_LEVEL jobs; ~4 min on 2 cores unless pip has the wheel cached)"
+python_tag="$(python -c 'import sys; print(f"py{sys.version_info.major}{sys.version_info.minor}")')"
+cpu_key="$( (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; echo "$CMAKE_ARGS") 2>/dev/null \
+    | sha256sum | cut -c1-12)"
+cache="${DRAFTLAB_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftlab/builds}"
+wheels="$cache/llama-cpp-python-$version-$python_tag-$cpu_key"
+
 start=$(date +%s)
-if [ -n "${LLAMACPP_WHEEL_DIR:-}" ]; then
-    # Build only (scripts/run-tests.sh builds while the suite runs, and installs the wheel after it,
-    # so that no test collects a half-installed package).
-    pip wheel -q --no-deps -w "$LLAMACPP_WHEEL_DIR" "llama-cpp-python==$version"
-    echo "llama-cpp-python==$version wheel in $LLAMACPP_WHEEL_DIR after $(( $(date +%s) - start )) s"
-    exit 0
+wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1 || true)"
+if [ -z "$wheel" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
+    echo "building llama-cpp-python==$version from its sdist for this CPU, once (CMAKE_ARGS: $CMAKE_ARGS;" \
+        "$CMAKE_BUILD_PARALLEL_LEVEL jobs; about 4-8 min on 2 cores); the wheel is kept in $wheels"
+    mkdir -p "$cache"
+    work="$(mktemp -d "$cache/.build-XXXXXX")"
+    log="$work/build.log"
+    pip wheel -v --no-deps --no-cache-dir -w "$work" "llama-cpp-python==$version" > "$log" 2>&1 &
+    build=$!
+    # Progress: ninja's "[done/total]" counter from the build log, every 20 s.
+    while kill -0 "$build" 2>/dev/null; do
+        sleep 20
+        step="$(grep -o '\[[0-9]*/[0-9]*\]' "$log" 2>/dev/null | tail -n 1 || true)"
+        echo "  building llama.cpp: ${step:-configuring} after $(( $(date +%s) - start )) s"
+    done
+    if ! wait "$build"; then
+        tail -n 30 "$log" >&2
+        rm -rf "$work"
+        if [ -n "${LLAMACPP_OPTIONAL:-}" ]; then
+            echo "WARNING: llama-cpp-python could not be built (log above); draftlab runs without the" \
+                "llama.cpp engine. Install a C++ compiler and cmake, then run scripts/install-llamacpp.sh" >&2
+            exit 0
+        fi
+        exit 1
+    fi
+    rm -rf "$wheels"
+    mkdir -p "$wheels"
+    mv "$work"/llama_cpp_python-*.whl "$wheels"/
+    rm -rf "$work"
+    wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl | head -n 1)"
+    echo "built in $(( $(date +%s) - start )) s: $wheel"
 fi
-if [ -n "${LLAMACPP_REBUILD:-}" ]; then
-    pip install -q --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==$version"
-fi
-pip install -q "llama-cpp-python==$version"
-seconds=$(( $(date +%s) - start ))
+pip install -q --force-reinstall --no-deps "$wheel"
+pip install -q "$wheel"  # its dependencies, from PyPI or pip's cache
 after="$(python -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')"
 if [ "$before" != "$after" ]; then
     echo "llama-cpp-python changed torch/transformers: $before -> $after" >&2
     exit 1
 fi
-python - "$seconds" <<'EOF'
+python - "$(( $(date +%s) - start ))" <<'EOF'
 import sys
 
 import llama_cpp
 
 info = llama_cpp.llama_print_system_info().decode().strip()
-print(f"llama-cpp-python {llama_cpp.__version__} installed in {sys.argv[1]} s (a cached wheel: seconds)")
+print(f"llama-cpp-python {llama_cpp.__version__} installed in {sys.argv[1]} s (from the cached wheel: seconds)")
 print(f"llama.cpp CPU features: {info}")
 EOF

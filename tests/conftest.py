@@ -21,9 +21,13 @@ torch.set_num_threads(1)
 def _profiles_in_tmp(tmp_path_factory):
     """Cost profiles measured by tests stay out of the user's draftlab home."""
     os.environ["DRAFTLAB_PROFILE_DIR"] = str(tmp_path_factory.mktemp("profiles"))
-    # And what --compile builds: compiled anew by every run of the suite.
+    # And what --compile builds: compiled anew by every run of the suite, once for all its xdist
+    # workers (their temporary folders share a parent; a package being built is locked).
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
-    os.environ["DRAFTLAB_COMPILED_DIR"] = str(tmp_path_factory.mktemp("compiled"))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (shared / "compiled").mkdir(exist_ok=True)
+    os.environ["DRAFTLAB_COMPILED_DIR"] = str(shared / "compiled")
 
 
 # DRAFTLAB_SHARED moves ../shared, for runs from a copy of the tree (mutation testing).

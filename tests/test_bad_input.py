@@ -228,3 +228,61 @@ def test_an_empty_folder_as_target_says_config_json_is_missing(capsys, tmp_path)
     empty.mkdir()
     line = refused(capsys, ["generate", "--target", str(empty), "--method", "ar", "x"], str(empty))
     assert "folder without a model (config.json missing)" in line and "not a local folder" not in line
+
+
+# ---------------------------------------------------------------- what a newcomer's mistakes did before
+
+
+def test_an_out_of_someone_elses_files_is_refused_and_left_as_it_was(capsys, tmp_path, tiny_pair, suite):
+    """A folder of the user's own files (no run of ours) was overwritten, with exit 0."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my notes\n")
+    (out / "summary.csv").write_text("a,b\n1,2\n")
+    before = snapshot(out)
+    refused(capsys, bench(tiny_pair, suite, out), f"--out '{out}'", "report.md, summary.csv", "new or empty")
+    assert snapshot(out) == before
+    # An empty folder, or one a run of ours left, is fine.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(bench(tiny_pair, suite, empty)) == 0
+    capsys.readouterr()
+    assert (empty / "run.json").exists()
+
+
+def test_an_empty_method_list_is_refused(capsys, tmp_path, tiny_pair, suite):
+    """`--methods ""` ran every default method."""
+    argv = bench(tiny_pair, suite, tmp_path / "out")
+    argv[argv.index("--methods") + 1] = ""
+    refused(capsys, argv, "empty method list")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_profile_with_wrong_values_is_measured_again(tmp_path, tiny_pair, monkeypatch):
+    """A cached profile whose JSON parses but whose values cannot be a cost curve made every bench
+    exit 1 (TypeError, IndexError); it is measured again, as a truncated one is."""
+    from draftlab.models import ModelSpec, load_model
+    from draftlab.models.profile import load_cached, load_or_measure, profile_path
+
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    first, _ = load_or_measure(lm, repeats=1)
+    path = profile_path(lm)
+    good = json.loads(path.read_text())
+    damages = {
+        "a string for a time": lambda c: c["ms"][0].__setitem__(0, "fast"),
+        "a row too short": lambda c: c["ms"][0].pop(),
+        "a size too many": lambda c: c["sizes"].append(4096),
+        "sizes out of order": lambda c: c["sizes"].reverse(),
+        "a negative time": lambda c: c["ms"][-1].__setitem__(-1, -3.0),
+        "a prefill time missing": lambda c: c["prefill_ms"].pop(),
+        "no step factor": lambda c: c.__setitem__("step_factor", None),
+    }
+    for what, damage in damages.items():
+        data = json.loads(json.dumps(good))
+        damage(data["curve"])
+        path.write_text(json.dumps(data))
+        assert load_cached(lm) is None, what
+        again, measured = load_or_measure(lm, repeats=1)
+        assert measured and again.curve.sizes == first.curve.sizes, what
+        assert load_cached(lm) is not None, what

@@ -165,6 +165,7 @@ def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
 def test_greedy_eagle_with_cost_aware_sizing(llama):
     """With a profile the rounds are sized (k = 0 is a plain step): still the target's tokens."""
     from draftlab.decode.cost import CostModel
+    from draftlab.decode.timing import TickClock
     from draftlab.models.profile import CostCurve
 
     target, head_lm, _ = llama
@@ -173,7 +174,9 @@ def test_greedy_eagle_with_cost_aware_sizing(llama):
     prompt = target.tokenizer("a big red house and a small blue tree")["input_ids"]
     ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 40, SamplingParams())
     for method in ("eagle", "eagle-tree"):
-        decoder = build_decoder(DecoderConfig(method), target, head_lm, CostModel(curve, head_curve))
+        decoder = build_decoder(
+            DecoderConfig(method), target, head_lm, CostModel(curve, head_curve, clock=TickClock())
+        )
         got = decoder.generate(prompt, 40, SamplingParams())
         assert decoder.sizer is not None
         assert_greedy_equal(target, prompt, got.tokens, ar.tokens, method)

@@ -535,12 +535,13 @@ def test_cost_aware_sizing_on_llamacpp_follows_its_curve(one_thread, prompts, ow
     4 steps, steeper than llama.cpp's measured 2.2-2.5 on our Xeon) with a draft costing a third of a
     step makes every round plain."""
     from draftlab.decode.cost import CostModel
+    from draftlab.decode.timing import TickClock
 
     draft = load_model(ModelSpec(DRAFT, dtype="float32"))
     ar = build_decoder(DecoderConfig(method="ar"), one_thread)
     drafted = {}
     for name, verify4 in (("flat", 1.1), ("steep", 4.0)):
-        cost = CostModel(synthetic(9.0, verify4), synthetic(3.0, 1.1))
+        cost = CostModel(synthetic(9.0, verify4), synthetic(3.0, 1.1), clock=TickClock())
         drafted[name] = {"sps": 0, "pld": 0, "pld-tree": 0}
         for ids in prompts:
             want = ar.generate(ids, NEW_TOKENS, SamplingParams()).tokens
@@ -778,3 +779,74 @@ def test_llamacpp_own_prompt_lookup_is_a_peer(tmp_path, target, capsys):
     assert decoder.generate(ids, 12, params).tokens == decoder.generate(ids, 12, params).tokens
     capsys.readouterr()
     check_error(capsys, ["generate", "--method", "llamacpp-pld", "x"], "llamacpp-pld", "runs on: llamacpp")
+
+
+# ------------------------------------------------------------------ AMX CPUs and crashes
+
+
+def test_extra_buffer_types_are_off_only_on_amx_cpus():
+    from draftlab.models.llamacpp import model_params
+
+    assert model_params(["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]) == {
+        "use_extra_bufts": False
+    }
+    for flags in (["avx2"], ["avx2", "avx512f", "avx512_bf16"], []):
+        assert model_params(flags) == {"use_extra_bufts": True}, flags
+
+
+@needs_llama_cpp
+def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
+    gguf, prompts, monkeypatch, tmp_path
+):
+    """On a Xeon with AMX, llama.cpp's AMX kernel for Q4_1 crashed; there draftlab loads with extra
+    buffer types off. The same load parameters, forced here: the probe runs with them and the model
+    writes the default load's tokens (on a CPU without AMX the extra types never hold Q4_1)."""
+    from draftlab.models import llamacpp_probe
+    from draftlab.models.llamacpp import load_llamacpp
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(llamacpp_probe, "cpu_flags", lambda: ["avx2", "avx512f", "amx_tile", "amx_bf16"])
+    amx = load_llamacpp(TARGET, n_threads=1)
+    assert amx.llm.model_params.use_extra_bufts is False
+    probes = list((tmp_path / "home" / "llamacpp-probes").glob("*.json"))
+    assert len(probes) == 1, "the file was probed once, with these parameters"
+    monkeypatch.undo()
+    plain = load_llamacpp(TARGET, n_threads=1)
+    assert plain.llm.model_params.use_extra_bufts is True
+    ar = DecoderConfig(method="ar")
+    for ids in prompts[:2]:
+        want = build_decoder(ar, plain).generate(ids, 16, SamplingParams()).tokens
+        assert build_decoder(ar, amx).generate(ids, 16, SamplingParams()).tokens == want
+
+
+def test_a_crash_in_llamacpp_is_one_line_naming_the_file_and_the_cpu(gguf, monkeypatch, tmp_path):
+    """A segfault in native code would end the process and every result not yet written: the first
+    run of a file happens in a child, whose crash becomes one line. A probe that passed is not run
+    again; one that crashed is (a rebuilt llama.cpp may mend it)."""
+    from draftlab.errors import DraftlabError
+    from draftlab.models.llamacpp_probe import ensure_runs
+    from draftlab.models.profile import _cpu_model_and_flags
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+    params = {"use_extra_bufts": True}
+    for _ in range(2):
+        with pytest.raises(DraftlabError) as error:
+            ensure_runs(gguf, TARGET, 1, params, command=crash)
+        message = str(error.value)
+        assert "\n" not in message and "crashed (SIGSEGV)" in message, message
+        assert str(gguf) in message and _cpu_model_and_flags()[0] in message, message
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; print('ValueError: no tensors', file=sys.stderr); sys.exit(1)",
+    ]
+    with pytest.raises(DraftlabError, match="llama.cpp failed to run .*: ValueError: no tensors$"):
+        ensure_runs(gguf, TARGET, 1, params, command=failing)
+    assert not (tmp_path / "llamacpp-probes").exists()
+    if HAVE_LLAMA_CPP:
+        ensure_runs(gguf, TARGET, 1, params)  # the real child: loads the file and runs three passes
+        ensure_runs(gguf, TARGET, 1, params, command=crash)  # passed before: not run again
+        # Other load parameters are another probe.
+        with pytest.raises(DraftlabError, match="crashed"):
+            ensure_runs(gguf, TARGET, 1, {"use_extra_bufts": False}, command=crash)

@@ -526,6 +526,9 @@ class FakeSizer:
     def start(self):
         self.log.append(("start",))
 
+    def clock(self):
+        return time.perf_counter()  # looked up per call: a test may replace it
+
     def choose(self, context, limit, kind=None, pending=2):
         k = min(self.ks.pop(0), limit)
         self.log.append(("choose", context, limit, kind, pending))
@@ -637,6 +640,9 @@ class FakeTreeSizer(TreeSizer):
 
     def start(self):
         self.log.append(("start",))
+
+    def clock(self):
+        return time.perf_counter()
 
     def preview(self, proposal, context):
         self.log.append(("preview", proposal.tokens, context))

@@ -54,6 +54,7 @@ def test_paced_lookups_stay_lossless_and_fixed_k_is_never_paced(tiny_pair):
         assert steep.stats.paced_rounds > steep.stats.rounds / 2, method
         assert sum(steep.stats.k_counts) + steep.stats.paced_rounds == steep.stats.rounds
         # 40 ms steps: a lookup of well under 0.2 ms is below MIN_LOOK_SHARE, so every round looks.
+        # `_sized` times each lookup as 0.01 ms (a TickClock), whatever else runs on the machine.
         flat = _sized(method, target, None, FLAT).generate(ids, 80, greedy)
         assert_greedy_equal(target, ids, flat.tokens, ar.tokens, f"{method} on a flat curve")
         assert flat.stats.paced_rounds == 0, method

@@ -13,6 +13,7 @@ from tolerance import assert_greedy_equal, sum_tol
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
 from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow, Shadows, parent_kind
+from draftlab.decode.timing import TickClock
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt
@@ -267,9 +268,11 @@ def test_measure_reports_every_point(tiny_pair):
     assert len(c.prefill_ms) == 2
 
 
-def _sized(method, target, draft, shape, draft_shape=None, gamma=4):
+def _sized(method, target, draft, shape, draft_shape=None, gamma=4, clock=None):
+    """A cost-sized decoder on synthetic curves, timed by a TickClock (10 µs a reading) unless told
+    otherwise: its choices depend on the curves and the tokens, not on how busy the machine is."""
     config = DecoderConfig(method=method, gamma=gamma, draft_confidence=0.0)
-    cost = CostModel(shape, draft_shape if method == "sps" else None)
+    cost = CostModel(shape, draft_shape if method == "sps" else None, clock=clock or TickClock(0.01))
     return build_decoder(config, target, draft, cost)
 
 

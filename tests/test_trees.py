@@ -17,6 +17,7 @@ from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_to
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.decode.cost import CostModel
 from draftlab.decode.loop import SpeculativeDecoder
+from draftlab.decode.timing import TickClock
 from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.models import CachedModel, ModelSpec, load_model
@@ -148,7 +149,7 @@ def test_every_tree_method_matches_ar(family, loaded):
     target, draft = loaded(family)
     ids = encode_prompt(target, PROMPT_TEXT, chat=False)
     ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 48, GREEDY)
-    cost = CostModel(MODERATE, curve({1: 1.0, 2: 1.1, 16: 2.0}))
+    cost = CostModel(MODERATE, curve({1: 1.0, 2: 1.1, 16: 2.0}), clock=TickClock())
     for method in TREE_METHODS:
         for budget, shape in ((16, None), (3, None), (None, cost), (None, None)):
             decoder = _tree_decoder(method, target, draft, budget, shape)
@@ -181,7 +182,7 @@ def test_tree_methods_match_ar_over_1000_tokens_with_stories(stories, tmp_path):
     ids = encode_prompt(model, "Once upon a time, there was a little dog named Max.", chat=False)
     ar = build_decoder(DecoderConfig(method="ar"), model).generate(ids, 1000, GREEDY)
     assert len(ar.tokens) == 1000
-    cost = CostModel(FLAT, curve({1: 4.0, 2: 4.2, 16: 6.0}))
+    cost = CostModel(FLAT, curve({1: 4.0, 2: 4.2, 16: 6.0}), clock=TickClock())
     for method, budget in (("pld-tree", None), ("sps-tree", 32), ("hybrid", None), ("suffix", 16)):
         out = _tree_decoder(method, model, draft, budget, cost).generate(ids, 1000, GREEDY)
         assert_greedy_equal(model, ids, out.tokens, ar.tokens, f"{method} budget={budget}")
@@ -198,7 +199,7 @@ def test_tree_methods_match_ar_over_1000_tokens_random_init(tiny_pair):
     ids = encode_prompt(target, PROMPT_TEXT, chat=False)
     ar = build_decoder(DecoderConfig(method="ar"), target).generate(ids, 1000, GREEDY)
     for method, shape in (("pld-tree", STEEP), ("sps-tree", FLAT), ("hybrid", STEEP), ("suffix", FLAT)):
-        cost = CostModel(shape, curve({1: 1.0, 2: 1.1, 16: 2.0}))
+        cost = CostModel(shape, curve({1: 1.0, 2: 1.1, 16: 2.0}), clock=TickClock())
         out = _tree_decoder(method, target, draft, None, cost).generate(ids, 1000, GREEDY)
         assert_greedy_equal(target, ids, out.tokens, ar.tokens, method)
 

@@ -87,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
     # Named methods must run on every engine asked for; the defaults are each engine's own set.
     defaults = {"vllm": DEFAULT_VLLM_METHODS, "llamacpp": DEFAULT_LLAMACPP_METHODS}
     chosen = {
-        engine: parse_list(args.methods or defaults.get(engine, default_methods(args)), str, "method")
+        engine: parse_list(
+            args.methods if args.methods is not None else defaults.get(engine, default_methods(args)),
+            str,
+            "method",
+        )
         for engine in engines
     }
     for engine, names in chosen.items():

@@ -17,14 +17,14 @@ from rich.console import Console
 
 from draftlab import __version__
 from draftlab.bench.concurrency import ConcurrencyPlan, run_concurrency
-from draftlab.bench.records import RunInfo
+from draftlab.bench.records import RESULTS_FILE, RUN_FILE, RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
 from draftlab.bench.suites import SUBTASKS, load_suite
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.errors import DraftlabError
-from draftlab.files import LOCK_FILE, folder_lock
+from draftlab.files import LOCK_FILE, PID_FILE, folder_lock
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import hardware
 
@@ -122,6 +122,14 @@ def check_out(args: argparse.Namespace) -> None:
         raise DraftlabError(f"--out '{out}' lies under '{existing}', which is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise DraftlabError(f"--out '{out}' is not writable ('{existing}' does not allow it)")
+    if out.is_dir() and not any((out / name).exists() for name in (RUN_FILE, RESULTS_FILE)):
+        # A run writes report.md, summary.csv, plots...: never over files that are not a run's.
+        theirs = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, PID_FILE))
+        if theirs:
+            shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+            raise DraftlabError(
+                f"--out '{out}' holds files that are not a draftlab run's ({shown}): choose a new or empty folder"
+            )
 
 
 @contextmanager

@@ -8,6 +8,8 @@ and the break-even acceptance above which drafting k tokens a round beats plain 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from draftlab.models.profile import CostCurve
@@ -15,10 +17,17 @@ from draftlab.models.profile import CostCurve
 
 @dataclass
 class CostModel:
-    """ms per pass, from the profiles of the target and (for a draft-model method) the draft."""
+    """ms per pass, from the profiles of the target and (for a draft-model method) the draft.
+
+    `clock` (seconds) times what the sizers learn from: rounds (their calibration) and a free
+    proposer's own work (its draft cost, and whether lookups are paced). Runs measure with the
+    wall clock; tests of those decisions pass a `decode.timing.TickClock`, so that a loaded machine
+    cannot flip them.
+    """
 
     target: CostCurve
     draft: CostCurve | None = None
+    clock: Callable[[], float] = time.perf_counter
 
     def verify_ms(self, n: int, context: int) -> float:
         return self.target.forward_ms(n, context)

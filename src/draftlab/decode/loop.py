@@ -198,6 +198,7 @@ class SpeculativeDecoder:
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
+            t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
             if paced:
                 proposal, choice = Proposal(), None
@@ -255,7 +256,7 @@ class SpeculativeDecoder:
             proposer.rollback(len(sequence) - 1)
             if sizer is not None and choice is not None and t_first is not None:
                 # Round 1 is the prefill, whose cost the decode curve does not predict.
-                measured = (time.perf_counter() - t_propose) * 1000
+                measured = (sizer.clock() - t_round) * 1000
                 stats.record_timing(sizer.observe_time(choice, measured), measured)
             if t_first is None:
                 t_first = synchronized_clock(devices)
@@ -289,9 +290,9 @@ class SpeculativeDecoder:
             return proposal, choice
         # Free drafts: propose first, then verify only the share that pays. An unused proposal
         # becomes the shadow that the target's next tokens are scored against.
-        t0 = time.perf_counter()
+        t0 = sizer.clock()
         proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
-        sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
+        sizer.observe_propose_time((sizer.clock() - t0) * 1000)
         choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
         if choice.k == 0 and proposal.tokens:
             shadow.begin(proposal.tokens, proposal.kind)
@@ -328,10 +329,10 @@ class SpeculativeDecoder:
                 return Proposal(parents=[]), plain
             proposer.min_value = sizer.expand_threshold(len(sequence))
             drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
-        t0, calls = time.perf_counter(), proposer.forward_calls
+        t0, calls = sizer.clock(), proposer.forward_calls
         proposal = proposer.propose(sequence, depth, params, sampler)
         if sizer.free_drafts:
-            sizer.observe_propose_time((time.perf_counter() - t0) * 1000)
+            sizer.observe_propose_time((sizer.clock() - t0) * 1000)
         if not self.trees:
             proposal = proposal.select(proposal.top_path()[:depth])
         return sizer.fit(proposal, len(sequence), drafted_ms, proposer.forward_calls - calls)

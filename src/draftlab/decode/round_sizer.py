@@ -137,6 +137,7 @@ class RoundSizer:
         calibrate: bool = True,
     ) -> None:
         self.cost = cost
+        self.clock = cost.clock  # what the loop times rounds and proposals with, for this sizer
         self.k_max = k_max
         self.free_drafts = free_drafts
         self.initial_prior = prior

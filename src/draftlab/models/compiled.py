@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from filelock import FileLock
 from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
@@ -168,19 +169,24 @@ class CompiledSteps:
         if runner is None:
             t0 = time.perf_counter()
             path = package_path(self.lm, length)
-            self.loaded[length] = path.exists()
-            if not path.exists():
-                self._build(cache, path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Another process (a second run, a test worker) may be building the same package:
+            # wait for it and load its package rather than compile it again.
+            with FileLock(str(path.with_suffix(".lock"))):
+                self.loaded[length] = path.exists()
+                if not path.exists():
+                    self._build(cache, path)
             runner = torch._inductor.aoti_load_package(str(path))
-            self._check_one_token(runner, cache, path)
+            self._check_one_token(runner, cache)
             self.runners[length] = runner
             self.compile_seconds[length] = time.perf_counter() - t0
         return runner
 
     @torch.inference_mode()
-    def _check_one_token(self, runner, cache: StaticCache, path: Path) -> None:
-        """Refuse a package that cannot run a one-token pass (on copies of the cache's tensors):
-        OPT's export assumes passes of 2 tokens or more, and its positions do not export at 1."""
+    def _check_one_token(self, runner, cache: StaticCache) -> None:
+        """Refuse an exported pass (or a package) that cannot take one token (on copies of the
+        cache's tensors): OPT's export assumes passes of 2 tokens or more, and its positions do
+        not export at 1."""
         lengths, keys, values = ([t.clone() for t in group] for group in _cache_args(cache))
         try:
             with _quiet_stderr():  # the package's C++ check prints its own "Error:" line
@@ -215,6 +221,10 @@ class CompiledSteps:
                     f"--compile cannot export '{self.lm.spec.name}' ({first_line(error)}); "
                     "decode it without --compile"
                 ) from None
+        # The exported graph runs eagerly in about a second: a pass it cannot take is found before
+        # inductor spends a minute compiling and autotuning it.
+        self._check_one_token(program.module(), cache)
+        with torch.inference_mode(False), torch.no_grad():
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
             with warnings.catch_warnings():  # torch's own deprecation notices, not the user's

@@ -375,20 +375,68 @@ def _import_llama_cpp():
     return llama_cpp
 
 
-def open_llama(llama_cpp, gguf: Path | str, name: str, n_ctx: int, threads: int, **more):
-    """A `llama_cpp.Llama` as draftlab runs every one (`more`: e.g. the peer's draft model)."""
+def model_params(cpu_flags: list[str] | set[str]) -> dict[str, bool]:
+    """The `llama_model_params` fields draftlab sets for this CPU.
+
+    On a CPU with AMX, llama.cpp 0.3.36 moves quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, ...) into
+    its AMX buffer type, whose matrix kernel (`ggml_backend_amx_mul_mat`) crashed on the default
+    target's Q4_1 file on a 2-core Xeon. Extra buffer types off, those weights stay in plain CPU
+    buffers and multiply by the AVX-512 / VNNI dot products every other x86 CPU uses. Elsewhere
+    the extra types are left on: on x86 without AMX they only repack Q4_0, Q4_K, IQ4_NL and Q8_0
+    (for AVX2), never Q4_1 or BF16."""
+    return {"use_extra_bufts": "amx_tile" not in cpu_flags}
+
+
+@contextlib.contextmanager
+def _default_model_params(llama_cpp, fields: dict[str, bool]):
+    """`llama_cpp.Llama` takes no argument for some `llama_model_params` fields, and fills them from
+    `llama_model_default_params()`: answer that call with the fields set, while a model loads."""
+    api = llama_cpp.llama_cpp
+    original = api.llama_model_default_params
+
+    def with_fields():
+        params = original()
+        for key, value in fields.items():
+            setattr(params, key, value)
+        return params
+
+    api.llama_model_default_params = with_fields
+    try:
+        yield
+    finally:
+        api.llama_model_default_params = original
+
+
+def open_llama(
+    llama_cpp,
+    gguf: Path | str,
+    name: str,
+    n_ctx: int,
+    threads: int,
+    params: dict[str, bool] | None = None,
+    **more,
+):
+    """A `llama_cpp.Llama` as draftlab runs every one (`more`: e.g. the peer's draft model), with
+    this CPU's `model_params`, after the file's probe with them in a child process
+    (`llamacpp_probe`). The child itself passes its `params`, and is not probed again."""
+    from draftlab.models.llamacpp_probe import cpu_flags, ensure_runs  # noqa: PLC0415
+
+    if params is None:
+        params = model_params(cpu_flags())
+        ensure_runs(gguf, name, threads, params)
     # Both thread counts: llama.cpp uses n_threads for 1-token passes, n_threads_batch for longer ones,
     # and its defaults (half the cores, all of them) would give the two kinds of pass different cores.
     try:
-        return llama_cpp.Llama(
-            model_path=str(gguf),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            flash_attn=True,
-            verbose=False,
-            **more,
-        )
+        with _default_model_params(llama_cpp, params):
+            return llama_cpp.Llama(
+                model_path=str(gguf),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                flash_attn=True,
+                verbose=False,
+                **more,
+            )
     except (ValueError, RuntimeError) as exc:
         raise DraftlabError(f"llama.cpp could not load '{name}' ({gguf}): {first_line(exc)}") from None
 

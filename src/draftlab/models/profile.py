@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -198,6 +199,41 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _ascending(xs) -> bool:
+    return (
+        isinstance(xs, list)
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+        and all(a < b for a, b in zip(xs, xs[1:], strict=False))
+    )
+
+
+def _curve_problem(curve: CostCurve) -> str | None:
+    """What makes a curve unusable (a hand-edited or damaged profile), or None."""
+    if not curve.sizes or not _ascending(curve.sizes) or curve.sizes[0] < 1:
+        return f"pass sizes {curve.sizes!r} are not ascending whole numbers"
+    if not curve.contexts or not _ascending(curve.contexts):
+        return f"contexts {curve.contexts!r} are not ascending whole numbers"
+    rows = curve.ms
+    if not isinstance(rows, list) or len(rows) != len(curve.contexts):
+        return (
+            f"{len(curve.contexts)} contexts but {len(rows) if isinstance(rows, list) else rows!r} rows of ms"
+        )
+    for row in rows:
+        if not isinstance(row, list) or len(row) != len(curve.sizes) or not all(map(_is_number, row)):
+            return f"a row of ms {row!r} is not {len(curve.sizes)} non-negative numbers"
+    if not (_ascending(curve.prefill_lengths) and isinstance(curve.prefill_ms, list)):
+        return "prefill lengths or times are not lists"
+    if len(curve.prefill_ms) != len(curve.prefill_lengths) or not all(map(_is_number, curve.prefill_ms)):
+        return f"prefill times {curve.prefill_ms!r} do not match lengths {curve.prefill_lengths!r}"
+    if not _is_number(curve.step_factor) or curve.step_factor <= 0:
+        return f"step factor {curve.step_factor!r} is not a positive number"
+    return None
+
+
 @dataclass
 class CostCurve:
     """ms per forward pass of `sizes[j]` new tokens on a cache of `contexts[i]` tokens, plus prefill."""
@@ -212,6 +248,9 @@ class CostCurve:
     step_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        problem = _curve_problem(self)
+        if problem:
+            raise ValueError(f"not a cost curve: {problem}")
         # Sizers ask for several pass sizes at every round's context; interpolating each anew cost
         # about 40 µs a round, 1% of a llama.cpp step. Not a field: profiles are saved without it.
         self._memo: dict[tuple[int, int], float] = {}
@@ -251,7 +290,12 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict) -> Profile:
-        return cls(**{**data, "curve": CostCurve(**data["curve"])})
+        """A saved profile; ValueError or TypeError for one whose values cannot be a profile (it is
+        then measured again, as a truncated one is)."""
+        profile = cls(**{**data, "curve": CostCurve(**data["curve"])})
+        if not isinstance(profile.fingerprint, dict) or not isinstance(profile.measured_at, str):
+            raise ValueError("not a profile: its fingerprint or its date has the wrong type")
+        return profile
 
 
 # Plain decoding predicted within this share of the fastest counts as a tie. On a 2-core Xeon with
