@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,158 @@ def test_a_profile_with_wrong_values_is_measured_again(tmp_path, tiny_pair, monk
         again, measured = load_or_measure(lm, repeats=1)
         assert measured and again.curve.sizes == first.curve.sizes, what
         assert load_cached(lm) is not None, what
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_its_source(capsys, tmp_path, tiny_pair, suite):
+    """A Latin-1 suite file, or Latin-1 on `generate -`'s standard input, ended in "internal error"."""
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"id": "a", "category": "qa", "prompt": "caf\xe9"}\n'.encode("latin-1"))
+    argv = bench(tiny_pair, latin, tmp_path / "out")
+    refused(capsys, argv, f"suite '{latin}' is not UTF-8 text", "byte 0xe9")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftlab.cli",
+            "generate",
+            "-",
+            *pair_args(tiny_pair),
+            "--max-new-tokens",
+            "2",
+        ],
+        input="caf\xe9".encode("latin-1"),
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=300,
+    )
+    assert done.returncode == 2
+    one_line(done.stderr.decode(), ["standard input is not UTF-8 text", "byte 0xe9"])
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_resume_finishes_it(tmp_path, tiny_pair):
+    """SIGTERM exited 143 with no message; now one line, the records written so far kept."""
+    rows = [
+        {"id": f"p{i}", "category": "qa", "prompt": f"the cat number {i} sat on the mat"} for i in range(40)
+    ]
+    many = write_suite(tmp_path / "many.jsonl", rows)
+    out = tmp_path / "run"
+    argv = bench(tiny_pair, many, out)
+    argv[argv.index("--max-new-tokens") + 1] = "32"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "draftlab.cli", *argv], stderr=subprocess.PIPE, text=True, env=env
+    )
+    results = out / "results.jsonl"
+    for _ in range(600):  # until the first record is written (at most 60 s)
+        if results.exists() and results.read_text().count("\n") >= 1:
+            break
+        run.poll()
+        assert run.returncode is None, run.stderr.read()
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == (
+        "draftlab: terminated; results written so far are kept (rerun with --resume)"
+    ), err
+    generations = len(json.loads((out / "run.json").read_text())["labels"]) * len(rows)
+    kept = results.read_text().count("\n")
+    assert 1 <= kept < generations
+    assert main([*argv, "--resume"]) == 0
+    assert results.read_text().count("\n") == generations
+
+
+def test_generate_has_no_resume_to_suggest(monkeypatch, capsys, tiny_pair):
+    """Ctrl-C in `generate` suggested a --resume it does not have."""
+    from draftlab.cli import generate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "run", interrupted)
+    assert main(["generate", "hello", *pair_args(tiny_pair)]) == 130
+    assert capsys.readouterr().err.strip() == "draftlab: interrupted"
+
+
+def test_a_damaged_model_folder_is_one_line_naming_the_folder(capsys, tmp_path, tiny_pair, suite):
+    """A truncated model.safetensors ended in "internal error: SafetensorError"; a corrupt
+    config.json read as "not available offline"; a file that is not a folder, as a JSON error."""
+    import shutil
+
+    target = tmp_path / "cut"
+    shutil.copytree(tiny_pair["llama"][0], target)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    argv = ["generate", "hello", "--target", str(target), "--method", "ar", "--max-new-tokens", "2"]
+    refused(capsys, argv, f"'{target}'", "could not be loaded")
+    broken = tmp_path / "config"
+    shutil.copytree(tiny_pair["llama"][0], broken)
+    (broken / "config.json").write_text('{"model_type": "llama", ')
+    refused(
+        capsys,
+        ["generate", "hi", "--target", str(broken), "--method", "ar"],
+        f"'{broken}'",
+        "could not be read",
+    )
+    garbage = tmp_path / "model.gguf"
+    garbage.write_bytes(b"not a model at all")
+    refused(
+        capsys, ["generate", "hi", "--target", str(garbage), "--method", "ar"], str(garbage), "is a file, not"
+    )
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF" + bytes(60))
+    refused(
+        capsys,
+        ["generate", "hi", "--target", str(fake), "--method", "ar"],
+        "is a GGUF file",
+        "--engine llamacpp",
+    )
+
+
+def test_report_names_a_wrong_typed_value_and_a_torn_last_line(capsys, tmp_path, tiny_pair, suite):
+    out = tmp_path / "run"
+    assert main(bench(tiny_pair, suite, out)) == 0
+    capsys.readouterr()
+    results = out / "results.jsonl"
+    good = results.read_text()
+    rows = good.splitlines()
+    bad = json.loads(rows[1])
+    bad["total_s"] = "fast"
+    results.write_text("\n".join([rows[0], json.dumps(bad), *rows[2:]]) + "\n")
+    refused(capsys, ["report", str(out), "--quiet"], "results.jsonl:2", "'total_s' is 'fast', not a number")
+    # A last line cut short by an interrupted write is left out, and the report says so.
+    results.write_text(good + rows[0][:40])
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"results.jsonl:{len(rows) + 1} is cut short" in printed.replace("\n", " "), printed
+
+
+def test_a_read_only_draftlab_home_keeps_the_measured_profile_and_says_so(
+    capsys, tmp_path, tiny_pair, monkeypatch
+):
+    """A read-only home made the bench exit 1 after profiling ("internal error: OSError"); the
+    profile is used as measured, with one warning, and any other refused write is one line."""
+    import errno
+
+    from draftlab.models import profile
+
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+
+    def read_only(lm, measured):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "profiles" / "x.json"))
+
+    monkeypatch.setattr(profile, "save", read_only)
+    from draftlab.models import ModelSpec, load_model
+
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    measured, fresh = profile.load_or_measure(lm, repeats=1)
+    assert fresh and measured.curve.ms
+    assert "could not be cached" in capsys.readouterr().err
+    # Elsewhere: a refused write is the machine's answer, not a bug (exit 2, one line, the path).
+    from draftlab.cli import report as report_cli
+
+    def refused_write(args):
+        raise OSError(errno.EROFS, "Read-only file system", "/somewhere/summary.json")
+
+    monkeypatch.setattr(report_cli, "run", refused_write)
+    refused(capsys, ["report", str(tmp_path)], "Read-only file system: '/somewhere/summary.json'")

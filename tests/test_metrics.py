@@ -169,7 +169,8 @@ def test_predicted_speedup_formula_edges():
 
 def test_greedy_match_rate(summary):
     sps = summary["overall"]["sps"]
-    assert (sps["greedy_matches"], sps["greedy_compared"]) == (3, 4)  # qa-3's None is not compared
+    assert (sps["greedy_matches"], sps["greedy_compared"]) == (3, 4)  # qa-3 has no ar record to compare
+    assert (sps["baseline_matches"], sps["baseline_compared"]) == (3, 4)  # the records' own flags
     assert sps["greedy_match_rate"] == pytest.approx(3 / 4)
     assert summary["subtasks"]["multi-turn"]["sps"]["greedy_match_rate"] == pytest.approx(1 / 2)
     assert summary["overall"]["pld"]["greedy_match_rate"] == pytest.approx(1.0)
@@ -257,3 +258,30 @@ def test_sweeps_are_detected(records, run):
     assert ablation["ar"]["plain"] == "ar no-cache"
     assert ablation["ar no-cache"]["speedup_vs_plain"] == 1.0
     assert ablation["ar"]["speedup_vs_plain"] == pytest.approx(1.0)  # same times in this synthetic copy
+
+
+def test_greedy_match_compares_with_plain_decoding_in_the_same_dtype_only():
+    """A routed method's bfloat16 generation is lossless if it writes bfloat16 plain decoding's tokens,
+    whatever float32 `ar` wrote; with no plain decoding in its dtype nothing is claimed."""
+    from draftlab.bench.losslessness import with_plain_matches
+
+    base = read_records(FIXTURE / "results.jsonl")[0]  # ar, qa-1
+
+    def rec(label, method, dtype, tokens, example="qa-1", engine=None):
+        params = {"engine": engine} if engine else {}
+        return dataclasses.replace(
+            base, label=label, method=method, dtype=dtype, tokens=tokens, example_id=example, params=params
+        )
+
+    records = [
+        rec("ar", "ar", "float32", [1, 2, 3]),
+        rec("ar bfloat16", "ar", "bfloat16", [1, 2, 4]),
+        rec("pld", "pld", "bfloat16", [1, 2, 4]),  # bf16 plain decoding's tokens: lossless
+        rec("pld", "pld", "float32", [1, 2, 3], example="qa-2"),  # no plain decoding of qa-2: unknown
+        rec("sps", "sps", "float32", [1, 2, 4]),  # float32, yet bf16's tokens: a loss
+        rec("pld@llamacpp", "pld", "bfloat16", [1, 2, 4], engine="llamacpp"),  # no llama.cpp ar: unknown
+    ]
+    got = [r.plain_match for r in with_plain_matches(records)]
+    assert got == [None, None, True, None, False, None]
+    sampled = dataclasses.replace(records[2], temperature=0.7)
+    assert with_plain_matches([records[1], sampled])[1].plain_match is None

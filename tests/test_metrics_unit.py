@@ -4,6 +4,7 @@ easy to compute by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -359,7 +360,16 @@ def test_greedy_bild_and_prefill_figures():
         rec(greedy_match=None, new_tokens=0, prefill_s=0.2, decode_s=0.0, first_tokens=0),
     ]
     g = greedy_match(records)
-    assert g == {"greedy_compared": 3, "greedy_matches": 2, "greedy_match_rate": pytest.approx(2 / 3)}
+    assert g == {
+        "greedy_compared": 0,  # no plain_match set: no plain decoding of the same dtype was compared
+        "greedy_matches": 0,
+        "greedy_match_rate": None,
+        "baseline_compared": 3,
+        "baseline_matches": 2,
+        "baseline_match_rate": pytest.approx(2 / 3),
+    }
+    same_dtype = [dataclasses.replace(r, plain_match=r.greedy_match) for r in records]
+    assert greedy_match(same_dtype)["greedy_match_rate"] == pytest.approx(2 / 3)
     assert greedy_match([rec()])["greedy_match_rate"] is None
     b = bild_stats(records)
     assert b == {"fallbacks": 3, "draft_tokens_kept": 5, "draft_share": 0.25}

@@ -18,9 +18,11 @@ from draftlab.cli import main
 from draftlab.decode import DecoderConfig, build_decoder
 from draftlab.decode.cost import CostModel
 from draftlab.decode.router import DtypeRouter
+from draftlab.decode.timing import TickClock
 from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import _TREE_SUPPORT
 from draftlab.models.profile import CostCurve, Profile, fingerprint, save
+from draftlab.sampling import SamplingParams
 
 METHODS = "ar,sps,pld,pld-tree,sps-tree"
 
@@ -95,9 +97,38 @@ def test_two_dtypes_within_ten_percent_route_every_cost_aware_method(tmp_path, t
     assert code == 0, err
     # Tied within the band: the cheaper multi-token pass wins (speculation gains most there).
     assert run["extra"]["dtype_choice"]["dtype"] == "bfloat16"
-    assert "ar float32" in labels_run(tmp_path)
+    assert {"ar float32", "ar routed"} <= labels_run(tmp_path)
     for method in ("sps", "pld", "pld-tree", "sps-tree"):
         assert run["extra"]["variants"][method]["dtypes"] == ["bfloat16", "float32"]
+        # Its speed-up over plain decoding is over plain decoding routed the same way.
+        assert run["extra"]["baselines"][method] == "ar routed"
+    assert run["extra"]["variants"]["ar routed"]["dtypes"] == ["bfloat16", "float32"]
+    assert run["extra"]["baselines"]["ar routed"] == "ar"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # A plain decoding like any other: a candidate for the best ar.
+    assert summary["overall"]["ar routed"]["vs_best_ar"] is not None
+    assert summary["overall"]["pld"]["greedy_compared"] >= 1, "same-dtype references exist"
+
+
+def test_plain_decoding_routes_across_dtypes_by_its_predicted_time(tiny_pair):
+    """`ar` with a cost model carries a sizer that never drafts, so the router can send each prompt to
+    the copy predicted fastest for plain decoding, as it does for the methods."""
+    target_dir, _ = tiny_pair["llama"]
+    fp32 = load_model(ModelSpec(str(target_dir), dtype="float32"))
+    bf16 = load_model(ModelSpec(str(target_dir), dtype="bfloat16"))
+    slow, fast = CostModel(synthetic(20.0), clock=TickClock()), CostModel(synthetic(10.0), clock=TickClock())
+    routed = build_decoder(DecoderConfig(method="ar"), fp32, None, slow, [(bf16, fast)])
+    assert isinstance(routed, DtypeRouter) and routed.choose(8, 16) == "bfloat16"
+    ids = [5, 6, 7, 8]
+    out = routed.generate(ids, 8, SamplingParams())
+    assert out.stats.dtype == "bfloat16" and out.stats.drafted == 0
+    plain = build_decoder(DecoderConfig(method="ar"), bf16).generate(ids, 8, SamplingParams())
+    assert out.tokens == plain.tokens
+    # Prefill-heavy: a long prompt goes where prefill is cheap.
+    cheap_prefill = CostModel(synthetic(20.0, prefill_per_token=0.01), clock=TickClock())
+    dear_prefill = CostModel(synthetic(19.0, prefill_per_token=0.5), clock=TickClock())
+    routed = build_decoder(DecoderConfig(method="ar"), fp32, None, cheap_prefill, [(bf16, dear_prefill)])
+    assert routed.choose(1000, 4) == "float32" and routed.choose(8, 64) == "bfloat16"
 
 
 def test_a_draft_profiled_in_only_some_dtypes_is_measured_where_missing(

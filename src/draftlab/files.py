@@ -35,6 +35,25 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def decode_utf8(data: bytes, what: str) -> str:
+    """`data` as text, or a one-line error naming `what` and the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftlabError(
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+def read_text_file(path: Path | str, what: str) -> str:
+    """A UTF-8 text file the user named; one-line errors for a file that cannot be read or decoded."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DraftlabError(f"{what} '{path}' cannot be read: {exc.strerror or exc}") from None
+    return decode_utf8(data, f"{what} '{path}'")
+
+
 def write_text(path: Path | str, text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     with atomic_path(path) as tmp:

@@ -25,6 +25,7 @@ from pathlib import Path
 from draftlab.bench.suites import load_suite
 from draftlab.decode.methods import REGISTRY, method_spec
 from draftlab.errors import DraftlabError
+from draftlab.files import read_text_file
 
 # One prompt each from these subtasks of the built-in suite when no --prompts file is given: short
 # questions first (they become the sampling prefixes), then two the prompt-lookup method copies from.
@@ -71,10 +72,7 @@ def load_prompts(path: str | None) -> list[str]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DraftlabError(f"prompts file '{path}' not found")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DraftlabError(f"prompts file '{path}' cannot be read: {exc}") from None
+    text = read_text_file(file, "prompts file")
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise DraftlabError(f"prompts file '{path}' has no prompts")

@@ -56,6 +56,9 @@ CSV_FIELDS = (
     "greedy_compared",
     "greedy_matches",
     "greedy_match_rate",
+    "baseline_compared",
+    "baseline_matches",
+    "baseline_match_rate",
     "fallbacks",
     "draft_tokens_kept",
     "draft_share",
@@ -86,6 +89,7 @@ PER_EXAMPLE_FIELDS = (
     "accepted",
     "acceptance_rate",
     "greedy_match",
+    "baseline_match",
 )
 
 
@@ -114,7 +118,8 @@ def per_example_rows(records: Sequence[Record]) -> list[dict]:
                 "drafted": r.drafted,
                 "accepted": r.accepted,
                 "acceptance_rate": ratio(r.accepted, r.drafted),
-                "greedy_match": r.greedy_match,
+                "greedy_match": r.plain_match,
+                "baseline_match": r.greedy_match,
             }
         )
     return rows

@@ -57,10 +57,11 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
-def fmt_greedy(m: dict) -> str:
-    if not m.get("greedy_compared"):
+def fmt_greedy(m: dict, kind: str = "greedy") -> str:
+    """`kind` "greedy": matches with plain decoding in the same dtype; "baseline": with the baseline."""
+    if not m.get(f"{kind}_compared"):
         return "-"
-    return f"{m['greedy_match_rate'] * 100:.0f}% ({m['greedy_matches']}/{m['greedy_compared']})"
+    return f"{m[f'{kind}_match_rate'] * 100:.0f}% ({m[f'{kind}_matches']}/{m[f'{kind}_compared']})"
 
 
 def fmt_duration(seconds: float) -> str:

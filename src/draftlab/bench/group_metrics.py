@@ -155,12 +155,18 @@ def predicted_speedup(alpha: float | None, gamma: int | None, c: float | None) -
 
 
 def greedy_match(records: Sequence[Record]) -> dict:
-    compared = [r.greedy_match for r in records if r.greedy_match is not None]
-    matches = sum(1 for m in compared if m)
+    """Greedy match: the same tokens as plain decoding in the same engine and dtype (losslessness,
+    bench/losslessness.py); baseline match: the same tokens as the baseline's, whatever its dtype."""
+    lossless = [r.plain_match for r in records if r.plain_match is not None]
+    agree = [r.greedy_match for r in records if r.greedy_match is not None]
+    matches, agreeing = sum(1 for m in lossless if m), sum(1 for m in agree if m)
     return {
-        "greedy_compared": len(compared),
+        "greedy_compared": len(lossless),
         "greedy_matches": matches,
-        "greedy_match_rate": ratio(matches, len(compared)),
+        "greedy_match_rate": ratio(matches, len(lossless)),
+        "baseline_compared": len(agree),
+        "baseline_matches": agreeing,
+        "baseline_match_rate": ratio(agreeing, len(agree)),
     }
 
 

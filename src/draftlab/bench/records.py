@@ -7,13 +7,17 @@ Every reported figure is computed from these two files alone (`draftlab report D
 
 from __future__ import annotations
 
+import functools
 import json
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftlab.decode.details import RoundDetails
 from draftlab.errors import DraftlabError
-from draftlab.files import write_text
+from draftlab.files import read_text_file, write_text
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -51,6 +55,9 @@ class Record(RoundDetails):
     tokens: list[int]
     first_tokens: int = 1  # tokens out at prefill_s (the first round may accept several)
     greedy_match: bool | None = None  # same tokens as the baseline's for this example/turn/repeat
+    # Same tokens as plain decoding of the same engine and dtype (set by the report, from the records:
+    # see bench/losslessness.py); None where no such plain decoding ran, or when sampling.
+    plain_match: bool | None = None
     draft_params: int | None = None
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)
 
@@ -64,8 +71,48 @@ class Record(RoundDetails):
 
     @classmethod
     def from_dict(cls, data: dict) -> Record:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """A saved record; TypeError naming the field whose value has the wrong type."""
+        hints = _field_types(cls)
+        kept = {k: v for k, v in data.items() if k in hints}
+        for name, value in kept.items():
+            if not _has_type(value, hints[name]):
+                raise TypeError(f"'{name}' is {value!r}, not {_type_name(hints[name])}")
+        return cls(**kept)
+
+
+@functools.cache
+def _field_types(cls) -> dict:
+    return {f.name: typing.get_type_hints(cls)[f.name] for f in fields(cls)}
+
+
+def _has_type(value, hint) -> bool:
+    """Whether a JSON value fits a field's annotation (numbers: int where an int is declared, int
+    or float where a float is; containers by their outer type)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if (origin or hint) in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if (origin or hint) is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(hint) -> str:
+    names = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return names.get(hint, getattr(typing.get_origin(hint) or hint, "__name__", str(hint)))
 
 
 @dataclass
@@ -92,19 +139,29 @@ class RunInfo:
         return cls(**json.loads(path.read_text()))
 
 
-def read_records(path: Path) -> list[Record]:
-    """Every complete line of a results file. A torn last line (an interrupted write) is dropped."""
+def read_records(path: Path, on_torn: Callable[[int], None] | None = None) -> list[Record]:
+    """Every complete line of a results file. A torn last line (an interrupted write: not JSON) is
+    dropped, and `on_torn` told its line number; any other bad line is a one-line DraftlabError."""
     if not path.exists():
         return []
     records: list[Record] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = read_text_file(path, "results file")
+    lines = text.splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(Record.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as exc:
-            if number == len(lines):
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                if on_torn is not None:
+                    on_torn(number)
                 break  # the write that was interrupted; resume redoes that example
+            raise DraftlabError(f"{path}:{number}: malformed record ({exc})") from None
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            records.append(Record.from_dict(data))
+        except TypeError as exc:
             raise DraftlabError(f"{path}:{number}: malformed record ({exc})") from None
     return records

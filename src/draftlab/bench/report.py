@@ -8,12 +8,14 @@ Every figure comes from `summary.summarize`; the modules it calls only format an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 from draftlab.bench.csv_files import per_example_rows, write_per_example_csv, write_summary_csv
 from draftlab.bench.engine_tables import concurrency_lines, concurrency_table, engine_table
+from draftlab.bench.losslessness import with_plain_matches
 from draftlab.bench.markdown_report import markdown_report
 from draftlab.bench.plots import write_plots
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
@@ -41,8 +43,11 @@ REPORT_MD = "report.md"
 PER_EXAMPLE_CSV = "per_example.csv"
 
 
-def load_results(directory: Path) -> tuple[RunInfo, list[Record]]:
-    """run.json and results.jsonl of a results folder; a one-line DraftlabError if either is unusable."""
+def load_results(
+    directory: Path, on_torn: Callable[[int], None] | None = None
+) -> tuple[RunInfo, list[Record]]:
+    """run.json and results.jsonl of a results folder; a one-line DraftlabError if either is unusable.
+    `on_torn` hears of a torn last line, which is left out (see `read_records`)."""
     if not directory.exists():
         raise DraftlabError(f"results folder '{directory}' does not exist")
     if not directory.is_dir():
@@ -51,7 +56,7 @@ def load_results(directory: Path) -> tuple[RunInfo, list[Record]]:
         run = RunInfo.load(directory)
     except (json.JSONDecodeError, TypeError) as exc:
         raise DraftlabError(f"{directory / RUN_FILE}: unreadable run info ({exc})") from None
-    records = read_records(directory / RESULTS_FILE)
+    records = read_records(directory / RESULTS_FILE, on_torn)
     if not records:
         raise DraftlabError(f"no results in '{directory}' ({RESULTS_FILE} is missing or empty)")
     return run, records
@@ -66,7 +71,9 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     """
     directory = Path(directory)
     console = console if console is not None else Console()
-    run, records = load_results(directory)
+    torn: list[int] = []
+    run, records = load_results(directory, torn.append)
+    records = with_plain_matches(records)
     summary = summarize(records, run)
     rows = per_example_rows(records)
 
@@ -101,7 +108,12 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
         console.print(rich_table(table))
     if per_example:
         console.print(rich_table(examples))
-    for note in warnings(summary):
+    notes = [
+        f"{RESULTS_FILE}:{line} is cut short (an interrupted write) and left out; "
+        "`draftlab bench --resume` runs that generation again"
+        for line in torn
+    ]
+    for note in [*notes, *warnings(summary)]:
         console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
     written = [SUMMARY_JSON, SUMMARY_CSV, REPORT_MD, PER_EXAMPLE_CSV, *(p.name for p in plots)]
     console.print(f"wrote {', '.join(written)} in {directory}", markup=False, highlight=False)

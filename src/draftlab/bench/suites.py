@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from draftlab.errors import DraftlabError
+from draftlab.files import read_text_file
 
 SUBTASKS = (
     "multi-turn",
@@ -60,7 +61,7 @@ def load_suite(
         path = Path(suite).expanduser()
         if not path.is_file():
             raise DraftlabError(f"suite '{suite}' not found: not 'builtin', 'hf:...' or a JSONL file")
-        examples = parse_jsonl(path.read_text(encoding="utf-8"), str(path))
+        examples = parse_jsonl(read_text_file(path, "suite"), str(path))
     return select(examples, subtasks, limit)
 
 

@@ -11,6 +11,7 @@ from draftlab.bench.concurrency_summary import concurrency_section
 from draftlab.bench.engine_summary import engine_summary
 from draftlab.bench.group_metrics import group_metrics
 from draftlab.bench.labels import baseline_label, group_by, label_order, subtask_order, variant_info
+from draftlab.bench.losslessness import with_plain_matches
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL, speedup
 from draftlab.bench.records import Record, RunInfo
 from draftlab.bench.sweeps import sweeps
@@ -85,6 +86,7 @@ def summarize(
      "overall": {label: metrics}, "subtasks": {subtask: {label: metrics}},
      "sweeps": {...}, "unmatched": {label: keys without a baseline record}, "bootstrap": {...}}
     """
+    records = with_plain_matches(records)
     labels = label_order(records, run)
     subtasks = subtask_order(records)
     by_label = group_by(records, lambda r: r.label)

@@ -22,6 +22,7 @@ METRIC_HEADERS = (
     "predicted",
     "meas/pred",
     "greedy match",
+    "same as baseline",
 )
 
 
@@ -40,6 +41,7 @@ def _metric_cells(m: dict) -> list[str]:
         fmt(m["predicted_speedup"]) + ("×" if m["predicted_speedup"] is not None else ""),
         fmt(m["measured_over_predicted"]),
         fmt_greedy(m),
+        fmt_greedy(m, "baseline"),
     ]
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from draftlab.errors import DraftlabError
 
@@ -45,7 +48,26 @@ def _quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or `kill`'s stop), ended as Ctrl-C is: files closed, results kept."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if on_main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    args = None
     try:
         args = build_parser().parse_args(argv)
         _quiet_libraries()
@@ -53,17 +75,34 @@ def main(argv: list[str] | None = None) -> int:
     except DraftlabError as exc:
         print(f"draftlab: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("draftlab: interrupted; results written so far are kept (rerun with --resume)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        what = "terminated" if isinstance(stop, Terminated) else "interrupted"
+        # Only commands that write a run folder have something to keep and a --resume to continue it.
+        kept = "; results written so far are kept (rerun with --resume)" if hasattr(args, "resume") else ""
+        print(f"draftlab: {what}{kept}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(stop, Terminated) else 130
+    except OSError as exc:
+        if exc.errno not in _ENVIRONMENT_ERRORS:
+            return _internal_error(exc)
+        # The machine refused (a read-only or full disk, no permission): not a bug, one line.
+        where = f": '{exc.filename}'" if exc.filename else ""
+        print(f"draftlab: error: {exc.strerror}{where}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - a bug of ours: one line for the user, the traceback kept
-        where = _save_traceback()
-        print(
-            f"draftlab: internal error: {type(exc).__name__}: {exc} (a bug in draftlab; results written so "
-            f"far are kept, and the traceback is in {where})",
-            file=sys.stderr,
-        )
-        return 1
+        return _internal_error(exc)
+
+
+_ENVIRONMENT_ERRORS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
+
+
+def _internal_error(exc: Exception) -> int:
+    where = _save_traceback()
+    print(
+        f"draftlab: internal error: {type(exc).__name__}: {exc} (a bug in draftlab; results written so "
+        f"far are kept, and the traceback is in {where})",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _save_traceback() -> str:

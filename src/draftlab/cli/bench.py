@@ -55,6 +55,8 @@ DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inferen
 # Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
 DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
 LLAMACPP_SUFFIX = "@llamacpp"
+# Plain decoding routed per request across the dtype copies, as the cost-aware methods are.
+ROUTED_AR = "ar routed"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -134,7 +136,12 @@ def run(args: argparse.Namespace) -> int:
         extra["head"] = ", ".join(sorted(heads))
     if hf and "vllm" not in engines:
         variants, examples, extra["plan"] = fit_budget(args, variants, examples, target)
-    baselines = {v.label: "ar" for v in variants}
+    # A routed method's speed-up over plain decoding in its own engine is over plain decoding routed alike.
+    routed_ar = any(v.label == ROUTED_AR for v in variants)
+    baselines = {
+        v.label: ROUTED_AR if routed_ar and v.alternatives and v.label != ROUTED_AR else "ar"
+        for v in variants
+    }
     llama = chosen.get("llamacpp") or default_llamacpp(args, engines, target)
     if llama:
         more, extra["llamacpp"] = llamacpp_variants(
@@ -318,7 +325,9 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
     for m, config in configs.items():
         second = second_of(config)
         params = variant_params(args, config)
-        cost, routes = priced(second) if adaptive else (None, [])
+        # The cost model prices every method for the budget; plain `ar` takes none (with one it
+        # would carry a sizer: see ROUTED_AR below).
+        cost, routes = priced(second) if adaptive and m != "ar" else (None, [])
         routes = routes if config.adaptive else []
         if routes:
             params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
@@ -326,6 +335,15 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
     for other in others:
         params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
         variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
+    if any(v.alternatives for v in variants):
+        # Plain decoding offered the same per-request dtype choice as the routed methods: without it
+        # part of their speed-up would be a dtype choice that `ar` was never given.
+        cost, routes = priced(None)
+        params = {
+            **variant_params(args, configs["ar"]),
+            "dtypes": [target.spec.dtype, *(o.spec.dtype for o, _ in routes)],
+        }
+        variants.append(Variant(ROUTED_AR, configs["ar"], target, None, sampling, params, cost, routes))
     if getattr(args, "compile", False):
         for m, config in configs.items():
             if not config.spec.compilable:

@@ -25,6 +25,7 @@ from draftlab.cli.common import (
 from draftlab.cli.engines import check_methods
 from draftlab.decode.methods import METHODS, build_decoder, check_fits
 from draftlab.errors import DraftlabError
+from draftlab.files import decode_utf8
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
@@ -50,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = decode_utf8(sys.stdin.buffer.read(), "standard input") if args.prompt == "-" else args.prompt
     if prompt is None or not prompt.strip():
         raise DraftlabError("empty prompt")
     config = dataclasses.replace(decoder_config(args, args.method), compile=args.compile)

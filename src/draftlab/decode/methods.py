@@ -196,7 +196,14 @@ def _build_ar(config, target, draft, cost):
     from draftlab.proposers import NoProposer
     from draftlab.verify.rules import SpeculativeRule
 
-    return SpeculativeDecoder(_target(config, target), NoProposer(), SpeculativeRule(), gamma=1)
+    # With a cost model, a sizer that never drafts (k_max 0): its predicted and measured plain step
+    # is what routing plain decoding across dtypes weighs, as for the methods (`build_decoder`).
+    sizer = None
+    if cost is not None:
+        from draftlab.decode.round_sizer import RoundSizer
+
+        sizer = RoundSizer(cost, k_max=0, free_drafts=False)
+    return SpeculativeDecoder(_target(config, target), NoProposer(), SpeculativeRule(), gamma=1, sizer=sizer)
 
 
 def _build_sps(config, target, draft, cost):

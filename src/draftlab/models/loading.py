@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -104,9 +105,19 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
     if _looks_like_path(path) and not Path(path).expanduser().exists():
         raise DraftlabError(f"model '{spec.name}' not found: no such folder")
     path = str(Path(path).expanduser()) if Path(path).expanduser().exists() else path
-    if Path(path).is_dir() and not (Path(path) / "config.json").exists():
+    local = Path(path)
+    if local.is_dir() and not (local / "config.json").exists():
         raise DraftlabError(
             f"model '{spec.name}': '{path}' is a folder without a model (config.json missing)"
+        )
+    if local.is_file():
+        with open(local, "rb") as f:
+            gguf = f.read(4) == b"GGUF"
+        raise DraftlabError(
+            f"model '{spec.name}' is a GGUF file: run it with --engine llamacpp (transformers loads folders)"
+            if gguf
+            else f"model '{spec.name}' is a file, not a model folder (a folder with config.json, or a .gguf file "
+            "with --engine llamacpp)"
         )
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise DraftlabError(f"device '{spec.device}' requested but CUDA is not available")
@@ -116,6 +127,10 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
         config = AutoConfig.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
+        if local.is_dir():
+            raise DraftlabError(
+                f"model '{spec.name}': the config or tokenizer in '{path}' could not be read ({first_line(exc)})"
+            ) from None
         raise DraftlabError(
             f"model '{spec.name}' is not available offline: it is not a local folder, not a registry name "
             f"(see `draftlab models list`) and not in the Hugging Face cache ({first_line(exc)})"
@@ -134,8 +149,11 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
         return LoadedModel(model.eval(), tokenizer, spec, path, _eos_ids(model, tokenizer))
     try:
         model = auto_class.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise DraftlabError(f"model '{spec.name}' could not be loaded: {first_line(exc)}") from None
+    except (OSError, ValueError, SafetensorError) as exc:
+        # SafetensorError: a weights file cut short (an interrupted copy or download).
+        raise DraftlabError(
+            f"model '{spec.name}' could not be loaded from '{path}': {first_line(exc)}"
+        ) from None
     if spec.device != "auto":
         model.to(spec.device)
     model.eval()

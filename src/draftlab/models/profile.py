@@ -559,5 +559,14 @@ def load_or_measure(
         time.perf_counter() - t0,
         time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
-    save(lm, profile)
+    try:
+        save(lm, profile)
+    except OSError as exc:  # a read-only draftlab home: use what was measured, say it is not kept
+        from rich.console import Console  # noqa: PLC0415
+
+        Console(stderr=True).print(
+            f"[yellow]warning:[/yellow] the cost profile could not be cached in {profile_dir()} "
+            f"({exc.strerror or exc}); it is measured again next run",
+            highlight=False,
+        )
     return profile, True

@@ -1,0 +1,36 @@
+"""Greedy losslessness from the records: each generation against plain decoding of the same engine
+and dtype on the same input.
+
+A routed method decodes each prompt in the dtype predicted fastest for it, and bfloat16's passes of
+several tokens round unlike its one-token passes, so its tokens set against `ar` in another dtype
+tell rounding apart from a bug no better than chance. The reference is a plain decoding in the
+record's own dtype (`ar`, `ar bfloat16`, or `ar routed` where it chose that dtype); where none ran,
+nothing is claimed. The agreement with the baseline, whatever its dtype, stays in
+`Record.greedy_match` and is reported as its own column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from draftlab.bench.records import Record
+
+
+def _where(r: Record) -> tuple:
+    """What makes two generations comparable token for token: engine, storage, dtype and input."""
+    return (r.params.get("engine", "hf"), r.dtype, r.example_id, r.turn, r.repeat)
+
+
+def with_plain_matches(records: Sequence[Record]) -> list[Record]:
+    """The records, each greedy speculative one with `plain_match` set where a reference exists."""
+    plain: dict[tuple, list[int]] = {}
+    for r in records:
+        if r.method == "ar" and r.temperature == 0:
+            plain.setdefault(_where(r), r.tokens)
+    out = []
+    for r in records:
+        reference = plain.get(_where(r)) if r.method != "ar" and r.temperature == 0 else None
+        match = None if reference is None else r.tokens == reference
+        out.append(r if match == r.plain_match else dataclasses.replace(r, plain_match=match))
+    return out
