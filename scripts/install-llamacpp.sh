@@ -83,6 +83,6 @@ import sys
 import llama_cpp
 
 info = llama_cpp.llama_print_system_info().decode().strip()
-print(f"llama-cpp-python {llama_cpp.__version__} installed in {sys.argv[1]} s (from the cached wheel: seconds)")
+print(f"llama-cpp-python {llama_cpp.__version__} installed in {sys.argv[1]} s")
 print(f"llama.cpp CPU features: {info}")
 EOF

@@ -540,7 +540,7 @@ class FakeSizer:
     def observe_gain(self, choice, accepted):
         self.log.append(("gain", choice.k, accepted))
 
-    def observe_time(self, choice, ms):
+    def observe_time(self, choice, ms, proposed_ms=0.0):
         self.times.append(ms)
         self.log.append(("time", choice.k, ms > 0))
         return choice.cost_ms  # what the profile predicted for the round
@@ -674,7 +674,7 @@ class FakeTreeSizer(TreeSizer):
     def observe_tree(self, proposal, path):
         self.log.append(("observe_tree", list(proposal.tokens), list(path)))
 
-    def observe_time(self, choice, ms):
+    def observe_time(self, choice, ms, proposed_ms=0.0):
         self.log.append(("time", choice.k))
         return choice.cost_ms
 

@@ -210,6 +210,7 @@ class SpeculativeDecoder:
                     pacer.proposed(verified, sizer.look_share(len(sequence)))
             proposal = self._cut_at_eos(proposal)
             stats.propose_s += time.perf_counter() - t_propose
+            t_proposed = sizer.clock() if sizer is not None else 0.0
             stats.propose_calls += proposer.forward_calls - calls_before
             # The target holds the sequence minus its last token (in round 1, nothing yet): feed
             # what it lacks plus the proposal, and read the rows that score the proposal.
@@ -257,7 +258,8 @@ class SpeculativeDecoder:
             if sizer is not None and choice is not None and t_first is not None:
                 # Round 1 is the prefill, whose cost the decode curve does not predict.
                 measured = (sizer.clock() - t_round) * 1000
-                stats.record_timing(sizer.observe_time(choice, measured), measured)
+                proposed = (t_proposed - t_round) * 1000
+                stats.record_timing(sizer.observe_time(choice, measured, proposed), measured)
             if t_first is None:
                 t_first = synchronized_clock(devices)
                 stats.prefill_s = t_first - t0

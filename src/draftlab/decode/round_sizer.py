@@ -35,9 +35,16 @@ EXAMPLE_DECAY = 0.9
 # so what earlier generations taught must not keep a generation from finding out for itself. Such
 # a probe at once may cost at most this many plain steps more than the plain step it replaces.
 PROBE_BUDGET, PROBE_MIN_GAP, PROBE_BACKOFF, PROBE_AT_ONCE_MAX = 0.02, 8, 8, 1.0
-# Measured round time / predicted round time is tracked (separately for plain and speculative
-# rounds) with this smoothing, so a profile that is off on this run is corrected as it goes.
-CALIBRATION_SMOOTHING = 0.1
+# Measured / predicted time is tracked for the target's one-token passes, its passes of several
+# tokens and the draft model's passes, each with this smoothing (recent rounds weigh most), so a
+# profile that is off on this run, or a machine that became busy, is corrected as it goes: on a
+# 2-core machine sharing its cores with a download, draft-tree rounds ran 2-3x slower than the
+# profile said and lost (0.55-0.66x) while the uncalibrated draft passes still looked cheap. While
+# rounds are plain, the factor of passes of several tokens relaxes toward the plain one by
+# CALIBRATION_RELAX a round: what made them dear (another process) may have gone, and only a drafted
+# round can tell.
+CALIBRATION_SMOOTHING = 0.2
+CALIBRATION_RELAX = 0.02
 # Realised / expected gain of drafted rounds (tokens beyond the target's own one). The sizer drafts
 # when its estimate is high, so when it drafts the estimate is high more often than not: on the
 # llama.cpp Q4_1 target (AMD Zen5) prompt-lookup rounds of the class "3-gram agreeing on 4-7"
@@ -85,6 +92,10 @@ class Choice:
     probe: bool = False
     gain: float = 1.0  # the factor on expected gain that the choice applied (`RoundSizer.gain_factor`)
     kind: str | None = None  # the kind of proposal it was made for
+    # What the profile alone predicts for the round's target pass and for its draft-model passes
+    # (uncalibrated; 0: no draft model), against which the measured times calibrate.
+    verify_raw: float = 0.0
+    draft_raw: float = 0.0
 
 
 @dataclass
@@ -101,10 +112,11 @@ class Evidence:
     kinds: dict[str | None, _KindState] = field(default_factory=dict)
     rounds: int = 0  # rounds sized
     rounds_with_proposal: int = 0
-    # Measured / predicted round time, for plain (k = 0) and speculative rounds. Shared by the
-    # copies of a routed method: it captures this run's conditions (load, Python overhead), which
-    # they have in common, and a copy that was never chosen must not look cheaper for lack of it.
-    calibration: dict[bool, float] = field(default_factory=lambda: {False: 1.0, True: 1.0})
+    # Measured / predicted time of the target's one-token passes (False), of its passes of several
+    # tokens (True) and of the draft model's passes ("draft"). Shared by the copies of a routed
+    # method: it captures this run's conditions (load, Python overhead), which they have in common,
+    # and a copy that was never chosen must not look cheaper for lack of it.
+    calibration: dict = field(default_factory=lambda: {False: 1.0, True: 1.0, "draft": 1.0})
     # Per kind of proposal, drafted rounds' realised and expected gains (decayed sums), for
     # `RoundSizer.gain_factor`.
     gains: dict[str | None, list[float]] = field(default_factory=dict)
@@ -208,14 +220,12 @@ class RoundSizer:
         calibrated = self.calibration
 
         def draft_ms(k: int, ctx: int) -> float:
-            return self.propose_ms if self.free_drafts else self.cost.draft_ms(k, ctx, pending)
+            if self.free_drafts:
+                return self.propose_ms  # measured as it is, every round
+            return self.cost.draft_ms(k, ctx, pending) * calibrated["draft"]
 
         def verify_ms(n: int, ctx: int) -> float:
-            # A round's measured cost includes the drafts; the factor applies to the round as a
-            # whole, so it is folded into the verify term relative to the draft term.
-            return self.cost.verify_ms(n, ctx) * calibrated[n > 1] + (
-                (calibrated[True] - 1) * draft_ms(n - 1, ctx) if n > 1 else 0.0
-            )
+            return self.cost.verify_ms(n, ctx) * calibrated[n > 1]
 
         return verify_ms, draft_ms
 
@@ -273,8 +283,14 @@ class RoundSizer:
             extra = self.cost.draft_ms(1, context) + self.cost.verify_ms(2, context) - plain
             if self._due_probe(extra, plain):
                 tokens = expected_tokens(alphas, 1)
-                return Choice(1, tokens, draft_ms(1, context) + verify_ms(2, context), plain, True)
-        return Choice(k, tokens, cost, plain, gain=gain, kind=kind)
+                cost = draft_ms(1, context) + verify_ms(2, context)
+                return Choice(1, tokens, cost, plain, True, **self._raw(1, context, pending))
+        return Choice(k, tokens, cost, plain, gain=gain, kind=kind, **self._raw(k, context, pending))
+
+    def _raw(self, k: int, context: int, pending: int) -> dict[str, float]:
+        """The profile's own prediction for a round of k drafts: its target pass and draft passes."""
+        draft = 0.0 if self.free_drafts or k == 0 else self.cost.draft_ms(k, context, pending)
+        return {"verify_raw": self.cost.verify_ms(k + 1, context), "draft_raw": draft}
 
     def gain_factor(self, kind: str | None) -> float:
         """The factor on a kind's expected gains: realised / expected over its recent drafted
@@ -291,20 +307,28 @@ class RoundSizer:
         gains[0] = GAIN_DECAY * gains[0] + accepted
         gains[1] = GAIN_DECAY * gains[1] + (choice.expected_tokens - 1.0) / choice.gain
 
-    def observe_time(self, choice: Choice, measured_ms: float) -> float:
-        """Correct the profile by what rounds of this kind really took in this run; returns what the
-        profile alone predicted for the round (ms), so that a run can tell a stale profile."""
-        if choice.cost_ms <= 0:
+    def observe_time(self, choice: Choice, measured_ms: float, proposed_ms: float = 0.0) -> float:
+        """Correct the profile by what this run's rounds really took: `measured_ms` the whole round,
+        `proposed_ms` its proposal (a draft model's passes, or a lookup). Returns what the profile
+        predicted for the round (ms; a lookup counted as measured), so a run can tell a stale profile."""
+        if choice.verify_raw <= 0:
             return 0.0
-        speculative = choice.k > 0
-        profiled = choice.cost_ms / self.calibration[speculative]
+        profiled = choice.verify_raw + (choice.draft_raw or proposed_ms)
         if not self.calibrate:
             return profiled
-        ratio = measured_ms / profiled
-        ratio = min(max(ratio, 0.25), 4.0)  # one stalled round (a page fault, a GC pause) must not steer
-        old = self.calibration[speculative]
-        self.calibration[speculative] = old + CALIBRATION_SMOOTHING * (ratio - old)
+        speculative = choice.k > 0
+        self._calibrate_time(speculative, (measured_ms - proposed_ms) / choice.verify_raw)
+        if choice.draft_raw > 0 and proposed_ms > 0:
+            self._calibrate_time("draft", proposed_ms / choice.draft_raw)
+        if not speculative:
+            cal = self.calibration
+            cal[True] += CALIBRATION_RELAX * (cal[False] - cal[True])
         return profiled
+
+    def _calibrate_time(self, which, ratio: float) -> None:
+        ratio = min(max(ratio, 0.25), 4.0)  # one stalled round (a page fault, a GC pause) must not steer
+        old = self.calibration[which]
+        self.calibration[which] = old + CALIBRATION_SMOOTHING * (ratio - old)
 
     def observe(self, drafted: int, accepted: int, kind: str | None = None, probe: bool = False) -> None:
         if drafted <= 0:

@@ -166,7 +166,8 @@ class TreeSizer(RoundSizer):
         first = self.cost.draft_ms(1, context, pending)
         drafted = self.evidence.tree_draft_gain
         levels = drafted[2] if drafted else float(self.k_max)
-        return first + max(levels - 1.0, 0.0) * self.cost.draft.forward_ms(self.width, context)
+        raw = first + max(levels - 1.0, 0.0) * self.cost.draft.forward_ms(self.width, context)
+        return raw * self.calibration["draft"]
 
     def _round_rate(self, tokens: float, nodes: float, context: int, pending: int) -> float:
         verify_ms, _ = self._costs()
@@ -179,7 +180,9 @@ class TreeSizer(RoundSizer):
         a level costs one draft pass, which must buy at least what that time buys plainly."""
         if self.cost.draft is None:
             return 0.0
-        return self.cost.draft.forward_ms(self.width, context) / self.cost.verify_ms(1, context)
+        verify_ms, _ = self._costs()
+        level = self.cost.draft.forward_ms(self.width, context) * self.calibration["draft"]
+        return level / verify_ms(1, context)
 
     def wants_draft(
         self, context: int, limit: int, pending: int = 2, base: tuple[float, int] = (1.0, 0)
@@ -194,7 +197,7 @@ class TreeSizer(RoundSizer):
         plain = self.cost.verify_ms(1, context)
         self.evidence.rounds += 1
         if limit <= 0:
-            return Choice(0, 1.0, verify_ms(1, context), plain)
+            return Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
         drafted = self.evidence.tree_draft_gain
         base_tokens, base_n = base
         without = base_tokens / verify_ms(base_n + 1, context)
@@ -210,7 +213,7 @@ class TreeSizer(RoundSizer):
         if self._due_probe(extra, plain):
             self._probing = True
             return None
-        return Choice(0, 1.0, verify_ms(1, context), plain)
+        return Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
 
     def _budget(self, proposal, context: int) -> tuple[list[float], int, float, float]:
         """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
@@ -244,7 +247,7 @@ class TreeSizer(RoundSizer):
         if self.free_drafts:
             self.evidence.rounds += 1
         if not proposal.tokens:
-            return proposal, Choice(0, 1.0, verify_ms(1, context), plain)
+            return proposal, Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
         self.evidence.rounds_with_proposal += 1
         values, best_n, best_tokens, best_cost = self._budget(proposal, context)
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
@@ -258,7 +261,14 @@ class TreeSizer(RoundSizer):
             self._drafted = (float(sum("draft" in x for x in sources)), float(max(draft_passes, 1)))
         gain = self.gain_factor(proposal.kind)
         return chosen, Choice(
-            best_n, best_tokens, best_cost + drafted_ms, plain, gain=gain, kind=proposal.kind
+            best_n,
+            best_tokens,
+            best_cost + drafted_ms,
+            plain,
+            gain=gain,
+            kind=proposal.kind,
+            verify_raw=self.cost.verify_ms(best_n + 1, context),
+            draft_raw=drafted_ms / self.calibration["draft"],
         )
 
     def tokens_per_ms(self, context: int) -> float:
