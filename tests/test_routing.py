@@ -238,3 +238,21 @@ def test_the_default_run_on_a_slow_cpu_leaves_out_what_adds_nothing(tmp_path, ti
     plan = json.loads((tmp_path / "full" / "run.json").read_text())["extra"]["plan"]
     assert plan["left_out"] == [] and plan["budget_s"] is None
     assert len((tmp_path / "full" / "results.jsonl").read_text().splitlines()) == 8 * 4
+
+
+def test_a_run_without_llamacpp_says_first_that_best_ar_covers_only_our_engines(
+    tmp_path, tiny_pair, profiles, capsys, monkeypatch
+):
+    """The newcomer's run without llama.cpp named a "winner" that beat only our own plain decoding."""
+    from draftlab.bench.run_header import header_rows
+    from draftlab.cli import llamacpp_engine
+
+    profiles("float32")
+    monkeypatch.setattr(llamacpp_engine, "installed", lambda: False)
+    code, run, err = bench(tmp_path, tiny_pair, capsys, "ar,pld")
+    assert code == 0, err
+    missing = run["extra"]["engines_missing"]
+    assert "llama.cpp" in missing and "scripts/install-llamacpp.sh" in missing
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert header_rows(summary)[0] == ("not measured", missing)
+    assert missing in (tmp_path / "run" / "report.md").read_text()

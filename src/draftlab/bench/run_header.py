@@ -17,7 +17,11 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     """(name, value) rows: target, draft, dtype and why, processor, engines, suite, decoding, plan, winner."""
     run = summary["run"]
     extra = run.get("extra") or {}
-    rows = [
+    rows = []
+    if extra.get("engines_missing"):
+        # First: a "winner" over our own plain decoding alone may be a loss to the engine left out.
+        rows.append(("not measured", extra["engines_missing"]))
+    rows += [
         ("target", run["target"]),
         ("draft", run["draft"] or "-"),
     ]

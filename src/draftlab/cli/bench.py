@@ -143,6 +143,11 @@ def run(args: argparse.Namespace) -> int:
         for v in variants
     }
     llama = chosen.get("llamacpp") or default_llamacpp(args, engines, target)
+    if not llama and target.spec.device == "cpu" and not llamacpp_engine.installed():
+        extra["engines_missing"] = (
+            "llama.cpp, the fastest plain decoding on most CPUs, is not installed "
+            '(scripts/install-llamacpp.sh): "vs best ar" covers only the engines listed'
+        )
     if llama:
         more, extra["llamacpp"] = llamacpp_variants(
             args, {m: configs[m] for m in llama}, target, draft, sampling
