@@ -20,8 +20,9 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.models import ModelSpec, load_model
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.sampling import SamplingParams
 
 VOCAB = 32000

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftlab.cli import main
+
 QUIET = ["--quiet", "--warmup", "0"]  # no progress bar, no warm-up: tiny models need neither
 
 
@@ -34,3 +36,13 @@ def noisy_copy(source: Path, folder: Path, scale: float = 0.2, seed: int = 0) ->
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(source).save_pretrained(folder)
     return folder
+
+
+def check_error(capsys, argv: list[str], *fragments: str) -> None:
+    """Bad input: exit code 2 and one line on stderr that names the value."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftlab: error:"), err
+    assert "\n" not in err and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)

@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import noisy_copy
 
-from draftlab.bench.audit import MethodAudit, default_methods, first_divergence, verdict
+from draftlab.audit.checks import MethodAudit, default_methods, first_divergence, verdict
 from draftlab.cli import main
-from draftlab.decode import methods as registry
+from draftlab.decode import spec as registry
 from draftlab.verify.rules import AcceptanceRule, SpeculativeRule, Verdict
 
 PROMPTS = "Once upon a time, there was a little dog named Max.\nLily went to the park with her mom.\n"
@@ -169,7 +169,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, extra, fragment):
 
 
 def test_methods_come_from_the_registry(monkeypatch):
-    ours = ["sps", "pld", "pld-tree", "sps-tree", "hybrid", "suffix"]
+    ours = ["sps", "sps-tree", "pld", "pld-tree", "hybrid", "suffix"]  # the table's order: by folder
     assert default_methods() == ours
     sps = registry.REGISTRY["sps"]
     monkeypatch.setitem(registry.REGISTRY, "new", registry.MethodSpec("new", "a new method", sps.build))
@@ -207,4 +207,4 @@ def test_default_pair_greedy(capsys, tmp_path):
     prompts.write_text('{"prompt": "What is the capital of France?"}\n{"prompt": "Fix: he go to school."}\n')
     argv = ["audit", "--dtype", "float32", "--fixed-k", "--prompts", str(prompts), "--quiet"]
     assert main([*argv, "--max-new-tokens", "12", "--samples", "0"]) == 0
-    assert last_line(capsys) == "audit: lossless: sps, pld, pld-tree, sps-tree, hybrid, suffix"
+    assert last_line(capsys) == "audit: lossless: sps, sps-tree, pld, pld-tree, hybrid, suffix"

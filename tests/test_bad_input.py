@@ -262,7 +262,7 @@ def test_an_empty_method_list_is_refused(capsys, tmp_path, tiny_pair, suite):
 def test_a_profile_with_wrong_values_is_measured_again(tmp_path, tiny_pair, monkeypatch):
     """A cached profile whose JSON parses but whose values cannot be a cost curve made every bench
     exit 1 (TypeError, IndexError); it is measured again, as a truncated one is."""
-    from draftlab.models import ModelSpec, load_model
+    from draftlab.models.loading import ModelSpec, load_model
     from draftlab.models.profile import load_cached, load_or_measure, profile_path
 
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
@@ -428,7 +428,7 @@ def test_a_read_only_draftlab_home_keeps_the_measured_profile_and_says_so(
         raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "profiles" / "x.json"))
 
     monkeypatch.setattr(profile, "save", read_only)
-    from draftlab.models import ModelSpec, load_model
+    from draftlab.models.loading import ModelSpec, load_model
 
     lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
     measured, fresh = profile.load_or_measure(lm, repeats=1)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from draftlab.bench.run_header import bandwidth_line
-from draftlab.models import ModelSpec, load_model
 from draftlab.models.bandwidth import Bandwidth, limit_ms, measure_read_bandwidth, weight_bytes
+from draftlab.models.loading import ModelSpec, load_model
 
 
 def test_weight_bytes_count_each_weight_once_in_its_dtype(tiny_pair):

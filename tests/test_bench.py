@@ -11,7 +11,7 @@ from draftlab.bench.records import read_records
 from draftlab.bench.suites import SUBTASKS, load_suite, parse_jsonl
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.models.profile import supported_dtypes
+from draftlab.hardware import supported_dtypes
 
 SUITE_ROWS = [
     {

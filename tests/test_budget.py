@@ -12,7 +12,7 @@ import pytest
 from draftlab.bench import budget
 from draftlab.bench.formatting import fmt_duration
 from draftlab.decode.cost import CostModel
-from draftlab.models.profile import CostCurve
+from draftlab.models.cost_curve import CostCurve
 
 DRAFT = CostCurve([1, 2, 4, 8, 16], [64, 1024], [[4.0, 4.2, 4.5, 5.0, 6.0]] * 2, [16, 1024], [5.0, 60.0])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import check_error
 
 from draftlab.cli import main
 
@@ -12,22 +13,13 @@ def models(tiny_pair):
     return tiny_pair["llama"]
 
 
-def check(capsys, argv, *fragments):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("draftlab: error:"), err
-    assert "\n" not in err and "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-
-
 def gen(models, *extra, prompt="the cat sat"):
     target, draft = models
     return ["generate", "--target", str(target), "--draft", str(draft), "--dtype", "float32", *extra, prompt]
 
 
 def test_unknown_model_path(capsys, tmp_path):
-    check(
+    check_error(
         capsys,
         ["generate", "--target", str(tmp_path / "missing"), "--method", "ar", "x"],
         "missing",
@@ -36,7 +28,7 @@ def test_unknown_model_path(capsys, tmp_path):
 
 
 def test_unknown_hub_id_offline(capsys):
-    check(
+    check_error(
         capsys,
         ["generate", "--target", "no-such-org/no-such-model", "--method", "ar", "x"],
         "no-such-org/no-such-model",
@@ -46,7 +38,7 @@ def test_unknown_hub_id_offline(capsys):
 
 def test_incompatible_tokenizers(capsys, models, stories):
     target, _ = models
-    check(
+    check_error(
         capsys,
         ["generate", "--target", str(target), "--draft", str(stories), "--dtype", "float32", "x"],
         "incompatible tokenizers",
@@ -77,15 +69,15 @@ def test_incompatible_tokenizers(capsys, models, stories):
     ],
 )
 def test_bad_numbers_and_names(capsys, models, extra, fragment):
-    check(capsys, gen(models, *extra), fragment)
+    check_error(capsys, gen(models, *extra), fragment)
 
 
 def test_empty_prompt(capsys, models):
-    check(capsys, gen(models, prompt="   "), "empty prompt")
+    check_error(capsys, gen(models, prompt="   "), "empty prompt")
 
 
 def test_prompt_longer_than_context(capsys, models):
-    check(
+    check_error(
         capsys,
         gen(models, "--method", "ar", prompt="the cat sat on the mat " * 200),
         "exceeds the model's context of 512",
@@ -105,13 +97,13 @@ def test_generate_prints_text_and_json(capsys, models):
 def test_a_bug_is_one_line_with_its_traceback_kept(models, capsys, tmp_path, monkeypatch):
     """An unexpected exception (a bug, not bad input) never shows the user a traceback: one line,
     exit code 1, and the traceback saved under the draftlab home for a report."""
-    import draftlab.decode.methods as methods
+    import draftlab.decode.build as build
 
     def broken(*args, **kwargs):
         raise AttributeError("'NoneType' object has no attribute 'share'")
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(methods, "build_decoder", broken)
+    monkeypatch.setattr(build, "build_decoder", broken)
     monkeypatch.setattr("draftlab.cli.generate.build_decoder", broken, raising=False)
     assert main(gen(models, "--method", "ar", "--max-new-tokens", "2")) == 1
     err = capsys.readouterr().err.strip()

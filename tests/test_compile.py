@@ -20,9 +20,11 @@ from transformers import DynamicCache, StaticCache
 from draftlab.bench.records import read_records
 from draftlab.cli import main
 from draftlab.cli.common import cost_model
-from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
+from draftlab.drafters.eagle3.head import default_aux_layers
+from draftlab.drafters.eagle3.io import load_head_lm, save_head
 from draftlab.errors import DraftlabError
-from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import (
     PASS_SIZES,
@@ -32,20 +34,9 @@ from draftlab.models.compiled import (
     compiled_steps,
     static_length,
 )
-from draftlab.models.eagle_head import default_aux_layers
-from draftlab.models.eagle_io import load_head_lm, save_head
-from draftlab.models.profile import (
-    QUICK_SIZES,
-    CostCurve,
-    Profile,
-    find_cached,
-    fingerprint,
-    measure,
-    profile_path,
-    profile_points,
-    save,
-    verify_slope,
-)
+from draftlab.models.cost_curve import CostCurve, Profile, verify_slope
+from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.profile import QUICK_SIZES, find_cached, measure, profile_path, profile_points, save
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -306,7 +297,7 @@ def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp
     }
     for compiled, curve in curves.items():
         measured_at = "2026-11-26T00:00:01" if compiled else "2026-11-26T00:00:00"
-        save(lm, Profile(fingerprint(lm, compiled), curve, 1, 0.0, measured_at))
+        save(lm, Profile(lm.fingerprint(compiled), curve, 1, 0.0, measured_at))
     assert profile_path(lm, compiled=True) != profile_path(lm)
     # Predictions beside another engine read the eager profile, even where a compiled one is newer.
     assert find_cached(lm.spec.name, "float32").curve.ms == curves[False].ms

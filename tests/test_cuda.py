@@ -15,8 +15,9 @@ from tolerance import assert_greedy_equal
 
 from draftlab.bench.records import read_records
 from draftlab.cli import main
-from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.models import ModelSpec, load_model
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 

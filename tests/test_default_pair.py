@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from draftlab.bench.suites import load_suite
-from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.models import ModelSpec, check_compatible, load_model
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
+from draftlab.models.loading import ModelSpec, check_compatible, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.models.registry import resolve
 from draftlab.sampling import SamplingParams
@@ -71,7 +72,7 @@ def test_shipped_head_is_small_registered_and_lossless(pair):
     format, exact under greedy decoding in float32, and accepted far more often than the draft."""
     from pathlib import Path
 
-    from draftlab.models.eagle_io import is_head_folder, load_head_lm
+    from draftlab.drafters.eagle3.io import is_head_folder, load_head_lm
 
     folder = Path(resolve("smollm2-135m-eagle3"))
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

@@ -9,7 +9,8 @@ import torch
 from tiny import corpus, make_model
 
 from draftlab.cli import main
-from draftlab.decode.methods import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
 from draftlab.distill import train as T
 from draftlab.models.loading import ModelSpec, check_compatible, load_model
 from draftlab.models.prompting import encode_prompt

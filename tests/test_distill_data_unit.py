@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from draftlab.distill import data as D
-from draftlab.distill import eagle_train as E
-from draftlab.distill.eagle_pipeline import held_out
-from draftlab.distill.pipeline import generation_dtype
+from draftlab.distill.inputs import generation_dtype
 from draftlab.distill.synth_prompts import KINDS, synth_prompt_items
+from draftlab.drafters.eagle3 import train as E
+from draftlab.drafters.eagle3.distill import held_out
 
 TEXT = "\n\n".join(
     f"Once upon a time there was a cat named Tom number {i}. He was happy. The sun was warm and the "

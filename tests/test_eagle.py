@@ -14,18 +14,20 @@ import torch
 from tiny import make_model
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
+from draftlab.audit.law import ResampleFromTargetRule
 from draftlab.cli import main
+from draftlab.decode.build import build_decoder
 from draftlab.decode.loop import SpeculativeDecoder
-from draftlab.decode.methods import DecoderConfig, build_decoder
-from draftlab.distill.eagle_train import step_masks, ttt_forward
+from draftlab.decode.spec import DecoderConfig
+from draftlab.drafters.eagle3.cached import HeadModel
+from draftlab.drafters.eagle3.head import default_aux_layers, head_for_target
+from draftlab.drafters.eagle3.io import is_head_folder, load_head, load_head_lm, save_head
+from draftlab.drafters.eagle3.proposer import EagleProposer
+from draftlab.drafters.eagle3.train import step_masks, ttt_forward
 from draftlab.errors import DraftlabError
-from draftlab.models import CachedModel, ModelSpec, load_model
-from draftlab.models.eagle_cached import HeadModel
-from draftlab.models.eagle_head import default_aux_layers, head_for_target
-from draftlab.models.eagle_io import is_head_folder, load_head, load_head_lm, save_head
-from draftlab.proposers.eagle import EagleProposer
+from draftlab.models.cached import CachedModel
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.sampling import SamplingParams
-from draftlab.verify.exactness import ResampleFromTargetRule
 from draftlab.verify.rules import SpeculativeRule
 
 
@@ -166,7 +168,7 @@ def test_greedy_eagle_with_cost_aware_sizing(llama):
     """With a profile the rounds are sized (k = 0 is a plain step): still the target's tokens."""
     from draftlab.decode.cost import CostModel
     from draftlab.decode.timing import TickClock
-    from draftlab.models.profile import CostCurve
+    from draftlab.models.cost_curve import CostCurve
 
     target, head_lm, _ = llama
     curve = CostCurve([1, 2, 4, 8], [64], [[1.0, 1.05, 1.1, 1.3]])
@@ -224,7 +226,7 @@ def _eagle_decoder(target, head_lm, rule):
 def _counts(decoder, samples):
     from test_sampling_exact import PARAMS, PROMPT
 
-    from draftlab.verify.exactness import sample_pairs
+    from draftlab.audit.law import sample_pairs
 
     # The head drafts from round 2 on: the first token is the prefill round's own, the second one
     # comes through the acceptance rule over a head draft (budget 1: γ is cut to 1).
@@ -244,7 +246,7 @@ def test_eagle_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6):
 
 
 def test_a_resumed_run_redoes_the_steps_past_its_checkpoint_in_the_log(tmp_path):
-    from draftlab.distill.eagle_pipeline import _trim_log
+    from draftlab.drafters.eagle3.distill import _trim_log
 
     log = tmp_path / "train_log.jsonl"
     log.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)))

@@ -10,8 +10,9 @@ import importlib.util
 import pytest
 
 from draftlab.cli import main
-from draftlab.decode.methods import REGISTRY, DecoderConfig
-from draftlab.engines.vllm import VLLM_METHODS, EngineArgs, parse_engine_arg, speculative_config
+from draftlab.decode.spec import REGISTRY, DecoderConfig
+from draftlab.engines import engines_for
+from draftlab.engines.vllm.config import VLLM_METHODS, EngineArgs, parse_engine_arg, speculative_config
 from draftlab.errors import DraftlabError
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -49,14 +50,14 @@ def test_our_methods_map_onto_vllms_speculative_config():
 
 def test_the_registry_says_which_engine_runs_what():
     assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle1", "eagle3", "mtp"}
-    assert REGISTRY["eagle1"].engines == ("vllm",)
+    assert set(engines_for(REGISTRY["eagle1"])) == {"vllm"}
     # Our EAGLE-3 head on our loop, and on vLLM as its eagle3; it reads hidden states llama.cpp keeps.
-    assert REGISTRY["eagle"].engines == ("hf", "vllm")
-    assert REGISTRY["eagle-tree"].engines == ("hf",)
-    assert REGISTRY["bild"].engines == ("hf", "llamacpp")
-    assert REGISTRY["sps"].engines == ("hf", "llamacpp", "vllm")
+    assert set(engines_for(REGISTRY["eagle"])) == {"hf", "vllm"}
+    assert set(engines_for(REGISTRY["eagle-tree"])) == {"hf"}
+    assert set(engines_for(REGISTRY["bild"])) == {"hf", "llamacpp"}
+    assert set(engines_for(REGISTRY["sps"])) == {"hf", "llamacpp", "vllm"}
     # transformers' own generate() decodes these: no other engine's model can stand in.
-    assert REGISTRY["hf-assisted"].engines == ("hf",)
+    assert set(engines_for(REGISTRY["hf-assisted"])) == {"hf"}
 
 
 def test_engine_arguments_parse_as_json_and_are_checked():

@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny import wide_llama, wide_llama_config
 from tolerance import logits_tol, probs_tol, sum_tol
-from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
+from transformers import T5Config, T5ForConditionalGeneration
 
-from draftlab.models.loading import LoadedModel, ModelSpec
-from draftlab.proposal import Proposal
-from draftlab.sampling import SamplingParams, warp_probs
-from draftlab.verify.exactness import (
+from draftlab.audit.law import (
     END,
     OTHER,
     ResampleFromTargetRule,
@@ -29,35 +27,17 @@ from draftlab.verify.exactness import (
     sample_pairs,
     two_token_law,
 )
+from draftlab.models.loading import LoadedModel, ModelSpec
+from draftlab.proposal import Proposal
+from draftlab.sampling import SamplingParams, warp_probs
 
 V = 6
 PROMPT = [0, 3, 1]
 PARAMS = SamplingParams(temperature=0.8)
 
 
-def _llama_config(vocab=V) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-
-
 def _llama(seed=11, vocab=V):
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(_llama_config(vocab)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.5)
-    return LoadedModel(model, None, ModelSpec("tiny"), "tiny")
+    return LoadedModel(wide_llama(vocab, seed), None, ModelSpec("tiny"), "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +47,7 @@ def lm():
 
 def _close(got: torch.Tensor, want: torch.Tensor, config=None) -> bool:
     """Logits of the same tokens from passes of other shapes, within the float32 reduction bound."""
-    model = SimpleNamespace(config=config or _llama_config())
+    model = SimpleNamespace(config=config or wide_llama_config(V))
     return torch.allclose(got, want, rtol=0.0, atol=logits_tol(model, want))
 
 

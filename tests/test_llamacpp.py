@@ -18,16 +18,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import check_error
 from tolerance import reduction_length, sum_tol
 
 from draftlab.bench.suites import load_suite
 from draftlab.cli import main
-from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.models import ModelSpec, load_model
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
 from draftlab.models.cached import cached
 from draftlab.models.catalogue import ENTRIES
+from draftlab.models.cost_curve import CostCurve, Profile
 from draftlab.models.install import gguf_path
-from draftlab.models.profile import CostCurve, Profile, fingerprint, load_cached, measure, save
+from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.profile import load_cached, measure, save
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -45,16 +48,6 @@ needs_llama_cpp = pytest.mark.skipif(
 NEW_TOKENS = 32
 
 
-def check_error(capsys, argv: list[str], *fragments: str) -> None:
-    """Bad input: exit code 2 and one line on stderr that names the value."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("draftlab: error:"), err
-    assert "\n" not in err and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
-
-
 @pytest.fixture(scope="module")
 def gguf():
     path = gguf_path(ENTRIES[TARGET])
@@ -67,7 +60,7 @@ def gguf():
 
 @pytest.fixture(scope="module")
 def target(gguf):
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp
 
     return load_llamacpp(TARGET)
 
@@ -132,7 +125,7 @@ def synthetic(step_ms: float, verify4: float = 1.1) -> CostCurve:
 
 
 def seed_profile(lm, curve: CostCurve) -> None:
-    save(lm, Profile(fingerprint(lm), curve, 1, 0.0, "2026-11-25T00:00:00"))
+    save(lm, Profile(lm.fingerprint(), curve, 1, 0.0, "2026-11-25T00:00:00"))
 
 
 @pytest.fixture
@@ -144,7 +137,7 @@ def own_profiles(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def one_thread(gguf):
     """The target on one thread, where llama.cpp's passes of every size round alike (see below)."""
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp
 
     return load_llamacpp(TARGET, n_threads=1)
 
@@ -178,7 +171,8 @@ def test_token_ids_agree_with_the_hf_tokenizer(target):
 
 @needs_llama_cpp
 def test_greedy_pld_and_sps_write_llamacpp_ar_tokens(target, prompts):
-    from draftlab.models.llamacpp import LlamaCppModel, load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp
+    from draftlab.engines.llamacpp.model import LlamaCppModel
 
     hf_draft = load_model(ModelSpec(DRAFT, dtype="float32"))
     gguf_draft = load_llamacpp(TARGET)  # its own context: a draft that always agrees
@@ -293,7 +287,7 @@ def test_rows_of_a_long_pass_round_as_plain_decoding_reads_them(one_thread):
     """A pass of 64+ tokens rounds unlike a shorter one, even on one thread: the rows a speculative
     pass reads must still equal plain decoding's (the prompt's last row from the prompt's own pass,
     each later row from a 1-token pass), bitwise."""
-    from draftlab.models.llamacpp import SHORT_PASS
+    from draftlab.engines.llamacpp.model import SHORT_PASS
 
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(1000, 20000, (40,), generator=gen).tolist()
@@ -420,7 +414,7 @@ def test_gguf_type_runs_the_catalogue_target_from_an_export(tmp_path, target, ca
     """`--gguf-type bf16`: the target's weights exported once into the model cache as a BF16 GGUF
     (the same model: the transformers checkpoint rounded to bfloat16), reused while its own GGUF is
     not newer; and "vs best ar" counts plain decoding on the other storage of the two."""
-    from draftlab.models.llamacpp import exported_gguf, load_llamacpp
+    from draftlab.engines.llamacpp.load import exported_gguf, load_llamacpp
 
     bf16 = load_llamacpp(TARGET, storage="bf16")
     assert bf16.spec.dtype == "BF16" and bf16.spec.storage == "bf16" and target.spec.storage == "own"
@@ -458,7 +452,7 @@ def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles
     """`--gguf-type auto`: the Q4_1 file or the BF16 copy, whichever plain decoding its profile
     predicts faster (synthetic profiles here, each way round); a GGUF file runs as it is."""
     from draftlab.cli.llamacpp_engine import resolve_storage
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp
 
     bf16 = load_llamacpp(TARGET, storage="bf16")
 
@@ -477,7 +471,7 @@ def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles
 
 
 def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
-    from draftlab.cli.bench import other_storages
+    from draftlab.cli.bench_llamacpp import other_storages
 
     def lm(name, storage):
         return SimpleNamespace(spec=SimpleNamespace(name=name, storage=storage))
@@ -492,7 +486,8 @@ def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
 
 
 def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
-    from draftlab.cli import bench, llamacpp_engine
+    from draftlab.cli import bench_llamacpp as bench
+    from draftlab.cli import llamacpp_engine
 
     args = SimpleNamespace(engines=None, methods=None)
     default = SimpleNamespace(spec=SimpleNamespace(name=TARGET, device="cpu"))
@@ -565,7 +560,7 @@ def test_profile_measures_llamacpp(capsys, target, tmp_path, own_profiles):
     (its fingerprint names the engine, the GGUF's quantization and llama.cpp's threads)."""
     curve = measure(target, sizes=(1, 2, 4), contexts=[32], prefill_lengths=[16], repeats=1)
     assert curve.sizes == [1, 2, 4] and curve.contexts == [32] and all(ms > 0 for ms in curve.ms[0])
-    fp = fingerprint(target)
+    fp = target.fingerprint()
     assert fp["engine"] == "llamacpp" and fp["dtype"] == "Q4_1" and fp["threads"] == target.threads
     assert "transformers" not in fp
 
@@ -607,10 +602,10 @@ def test_audit_of_an_exported_storage_rechecks_on_the_checkpoint(capsys, tmp_pat
     """`--gguf-type bf16`: llama.cpp's BF16 passes of one and of several tokens round differently even
     on one thread, so a difference is rerun on the transformers checkpoint in float32, not on one
     thread; the target's own Q4_1 file keeps the one-thread recheck."""
-    from draftlab.cli.audit import Audit
+    from draftlab.audit.runner import Audit
 
     def lm(storage):
-        return SimpleNamespace(spec=SimpleNamespace(name=TARGET, engine="llamacpp", storage=storage))
+        return SimpleNamespace(engine="llamacpp", spec=SimpleNamespace(name=TARGET, storage=storage))
 
     assert Audit.recheck_key(lm("bf16"), None) == "float32"
     assert Audit.recheck_key(lm("own"), None) == "one_thread"
@@ -649,7 +644,7 @@ def test_audit_on_llamacpp_refuses_what_it_cannot_run(capsys):
 def test_kept_prefix_is_fed_once_and_changes_nothing(target, prompts, config):
     """`keep_prefix` (the audit's thousands of samples of one prompt): later generations feed only
     what follows the prefix, and score it as a fresh pass does."""
-    from draftlab.models.llamacpp import keep_prefix
+    from draftlab.engines.llamacpp.model import keep_prefix
 
     prompt, x = prompts[1], prompts[1][3:6]
     fresh = cached(target)
@@ -696,7 +691,7 @@ def test_exported_gguf_draft_drives_sps_on_llamacpp(tmp_path, one_thread, prompt
     out = tmp_path / "draft.gguf"
     assert main(["models", "export-gguf", DRAFT, "--out", str(out)]) == 0  # f16, the default
     assert "(F16): top-1 agreement 1.000" in " ".join(capsys.readouterr().err.split())
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp
 
     draft = load_llamacpp(str(out), tokenizer=one_thread.tokenizer, n_threads=1)
     assert draft.spec.dtype == "F16"
@@ -771,7 +766,7 @@ def test_llamacpp_own_prompt_lookup_is_a_peer(tmp_path, target, capsys):
     assert peer["rounds"] == peer["target_calls"] > 0 and peer["drafted"] > 0
     assert peer["new_tokens"] == peer["rounds"] + peer["accepted"]
     # Sampling: the seed decides, through llama.cpp's own sampler.
-    from draftlab.decode.llamacpp_native import LlamaCppLookupDecoder
+    from draftlab.engines.llamacpp.native import LlamaCppLookupDecoder
 
     decoder = LlamaCppLookupDecoder(target, 3, 10)
     ids = target.tokenizer("Once upon a time")["input_ids"]
@@ -785,7 +780,7 @@ def test_llamacpp_own_prompt_lookup_is_a_peer(tmp_path, target, capsys):
 
 
 def test_extra_buffer_types_are_off_only_on_amx_cpus():
-    from draftlab.models.llamacpp import model_params
+    from draftlab.engines.llamacpp.load import model_params
 
     assert model_params(["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]) == {
         "use_extra_bufts": False
@@ -801,8 +796,8 @@ def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
     """On a Xeon with AMX, llama.cpp's AMX kernel for Q4_1 crashed; there draftlab loads with extra
     buffer types off. The same load parameters, forced here: the probe runs with them and the model
     writes the default load's tokens (on a CPU without AMX the extra types never hold Q4_1)."""
-    from draftlab.models import llamacpp_probe
-    from draftlab.models.llamacpp import load_llamacpp
+    from draftlab.engines.llamacpp import probe as llamacpp_probe
+    from draftlab.engines.llamacpp.load import load_llamacpp
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(llamacpp_probe, "cpu_flags", lambda: ["avx2", "avx512f", "amx_tile", "amx_bf16"])
@@ -823,9 +818,9 @@ def test_a_crash_in_llamacpp_is_one_line_naming_the_file_and_the_cpu(gguf, monke
     """A segfault in native code would end the process and every result not yet written: the first
     run of a file happens in a child, whose crash becomes one line. A probe that passed is not run
     again; one that crashed is (a rebuilt llama.cpp may mend it)."""
+    from draftlab.engines.llamacpp.probe import ensure_runs
     from draftlab.errors import DraftlabError
-    from draftlab.models.llamacpp_probe import ensure_runs
-    from draftlab.models.profile import _cpu_model_and_flags
+    from draftlab.hardware import cpu_model_and_flags
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
@@ -835,7 +830,7 @@ def test_a_crash_in_llamacpp_is_one_line_naming_the_file_and_the_cpu(gguf, monke
             ensure_runs(gguf, TARGET, 1, params, command=crash)
         message = str(error.value)
         assert "\n" not in message and "crashed (SIGSEGV)" in message, message
-        assert str(gguf) in message and _cpu_model_and_flags()[0] in message, message
+        assert str(gguf) in message and cpu_model_and_flags()[0] in message, message
     failing = [
         sys.executable,
         "-c",

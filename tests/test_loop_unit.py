@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftlab.decode.loop import Generation, GenerationStats, SpeculativeDecoder
+from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.decode.round_sizer import Choice
+from draftlab.decode.stats import Generation, GenerationStats
 from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.proposal import Proposal

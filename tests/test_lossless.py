@@ -6,8 +6,9 @@ import pytest
 from tiny import FAMILIES
 from tolerance import assert_greedy_equal
 
-from draftlab.decode import DecoderConfig, build_decoder
-from draftlab.models import ModelSpec, check_compatible, load_model
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
+from draftlab.models.loading import ModelSpec, check_compatible, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 

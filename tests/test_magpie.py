@@ -87,7 +87,7 @@ def test_a_target_without_a_chat_template_is_a_one_line_error(stories, tmp_path,
 
 def test_readme_says_where_the_requests_came_from():
     """A run that wrote no requests (all on disk) says so, not "0.0 s this run"."""
-    from draftlab.distill.eagle_pipeline import _readme
+    from draftlab.drafters.eagle3.distill import _readme
 
     def readme(seconds: float) -> str:
         recipe = {

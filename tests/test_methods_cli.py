@@ -12,7 +12,7 @@ from helpers import QUIET, pair_args, write_suite
 from draftlab.bench.records import RunInfo, read_records
 from draftlab.bench.summary import summarize
 from draftlab.cli import build_parser, main
-from draftlab.decode.methods import DEFAULTS, REGISTRY, DecoderConfig, is_speculative
+from draftlab.decode.spec import DEFAULTS, REGISTRY, DecoderConfig, is_speculative
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small"
 

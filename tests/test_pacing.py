@@ -5,9 +5,10 @@ from __future__ import annotations
 from test_sizing import FLAT, _sized, curve
 from tolerance import assert_greedy_equal
 
-from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
 from draftlab.decode.pacing import IDLE_ROUNDS, MAX_SKIP, MIN_LOOK_SHARE, ProposalPacer
-from draftlab.models import ModelSpec, load_model
+from draftlab.decode.spec import DecoderConfig
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 

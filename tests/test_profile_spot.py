@@ -9,7 +9,7 @@ import json
 import pytest
 
 from draftlab.cli import common
-from draftlab.models import ModelSpec, load_model
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import (
     SPOT_BAND,
     load_cached,

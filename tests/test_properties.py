@@ -252,7 +252,7 @@ def test_properties_run_on_real_files(tmp_path: Path):
 def test_a_context_index_grown_round_by_round_finds_what_a_fresh_search_finds(tokens, head, max_ngram):
     """Rounds append a few tokens each (as accepted tokens do); every round's lookup, and the one
     after the text changed other than by growing (it is rebuilt), equals a search of the whole text."""
-    from draftlab.proposers.context_index import ContextIndex
+    from draftlab.drafters.lookup.context_index import ContextIndex
 
     index = ContextIndex(max_ngram)
     index.reset(head)
@@ -286,9 +286,9 @@ def _reference_lookup(context: list[int], max_ngram: int) -> tuple[int, list[int
 @FAST
 @given(st.lists(st.integers(0, 3), max_size=30), st.integers(1, 4), st.integers(1, 6))
 def test_prompt_lookup_and_lookup_trees_share_the_longest_ngram_match(tokens, max_ngram, k):
-    from draftlab.proposers import LookupTreeProposer, PromptLookupProposer
-    from draftlab.proposers.context_index import ContextIndex
-    from draftlab.proposers.ngram import agreement_kind
+    from draftlab.drafters.lookup.context_index import ContextIndex
+    from draftlab.drafters.lookup.ngram import PromptLookupProposer, agreement_kind
+    from draftlab.drafters.lookup.tree import LookupTreeProposer
 
     expected = _reference_lookup(tokens, max_ngram)
     index = ContextIndex(max_ngram)

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.models import ModelSpec, cache, catalogue, gguf, install, load_model, registry
+from draftlab.models import cache, catalogue, gguf, install, registry
+from draftlab.models.loading import ModelSpec, load_model
 
 TARGET = "smollm2-135m-instruct"
 DRAFT = "smollm2-135m-draft"

@@ -7,6 +7,8 @@ import dataclasses
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -369,3 +371,19 @@ def test_header_names_the_engine_whose_plain_decoding_was_fastest():
     assert line == "ar@llamacpp (llamacpp), 100.00 tok/s: 4.00× ar (hf)"
     # One engine only: nothing to say.
     assert best_engine_line({"overall": {k: v for k, v in overall.items() if "@" not in k}}) is None
+
+
+def test_the_report_command_loads_no_torch(tmp_path: Path):
+    """`draftlab report` reads records and the method table only: no torch, no transformers."""
+    folder = tmp_path / "run"
+    shutil.copytree(FIXTURE, folder)
+    code = (
+        "import sys\n"
+        "from draftlab.cli import main\n"
+        f"code = main(['report', {str(folder)!r}, '--quiet'])\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(code, heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout

@@ -15,13 +15,15 @@ import pytest
 from helpers import QUIET, write_suite
 
 from draftlab.cli import main
-from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
 from draftlab.decode.cost import CostModel
 from draftlab.decode.router import DtypeRouter
+from draftlab.decode.spec import DecoderConfig
 from draftlab.decode.timing import TickClock
-from draftlab.models import ModelSpec, load_model
 from draftlab.models.cached import _TREE_SUPPORT
-from draftlab.models.profile import CostCurve, Profile, fingerprint, save
+from draftlab.models.cost_curve import CostCurve, Profile
+from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.profile import save
 from draftlab.sampling import SamplingParams
 
 METHODS = "ar,sps,pld,pld-tree,sps-tree"
@@ -38,7 +40,7 @@ def synthetic(step_ms: float, verify4: float = 1.1, prefill_per_token: float = 0
 
 def write_profile(path: str, dtype: str, curve: CostCurve) -> None:
     lm = load_model(ModelSpec(path, dtype=dtype))
-    save(lm, Profile(fingerprint(lm), curve, 1, 0.0, "2026-11-25T00:00:00"))
+    save(lm, Profile(lm.fingerprint(), curve, 1, 0.0, "2026-11-25T00:00:00"))
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 On a 6-token vocabulary the target's joint distribution over the first two new tokens is
 enumerated exactly; 10k SPS samples are compared with it by a chi-square test. The same
 test, run on a deliberately wrong acceptance rule, must reject: that shows it has power.
-The law, the cells and the sampling are the library's (draftlab.verify.exactness), which
+The law, the cells and the sampling are the library's (draftlab.audit.law), which
 `draftlab audit` runs on a user's own pair.
 """
 
@@ -15,15 +15,17 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from tiny import wide_llama
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tolerance import FALSE_FAILURE, SHOWN_POWER, probs_tol, sum_tol
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
+from draftlab.audit.law import ResampleFromTargetRule, reuse_prefix, sample_pairs, two_token_law
 from draftlab.decode.loop import SpeculativeDecoder
-from draftlab.models import CachedModel, ModelSpec, load_model
-from draftlab.proposers import DraftModelProposer
+from draftlab.drafters.draft_model.proposer import DraftModelProposer
+from draftlab.models.cached import CachedModel
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.sampling import SamplingParams, warp_probs
-from draftlab.verify.exactness import ResampleFromTargetRule, reuse_prefix, sample_pairs, two_token_law
 from draftlab.verify.rules import SpeculativeRule
 
 VOCAB = ["a", "b", "c", "d", "e", "f"]
@@ -33,24 +35,7 @@ PARAMS = SamplingParams(temperature=0.8)
 
 
 def _tiny_vocab_model(directory, seed):
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.5)
+    model = wide_llama(len(VOCAB), seed)
     model.save_pretrained(directory)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -109,7 +94,7 @@ def test_the_chi_square_test_rejects_a_wrong_rule(pair):
 
 def test_pld_sampling_is_exact_too(pair):
     """A deterministic proposer (q one-hot) goes through the same rule."""
-    from draftlab.proposers import PromptLookupProposer
+    from draftlab.drafters.lookup.ngram import PromptLookupProposer
 
     target, _ = pair
     decoder = SpeculativeDecoder(CachedModel(target), PromptLookupProposer(), SpeculativeRule(), gamma=2)
@@ -188,7 +173,7 @@ def test_cost_aware_sizing_is_still_exact(pair):
     """k chosen per round from costs and past acceptance (k = 0 included) leaves the output law intact."""
     from draftlab.decode.cost import CostModel
     from draftlab.decode.round_sizer import RoundSizer
-    from draftlab.models.profile import CostCurve
+    from draftlab.models.cost_curve import CostCurve
 
     target, draft = pair
     # Verifying one draft costs 1.5 plain steps here: break-even near α = 0.5, this pair's α, so

@@ -10,12 +10,15 @@ import torch
 from tiny import FAMILIES
 from tolerance import assert_greedy_equal, sum_tol
 
-from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
-from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow, Shadows, parent_kind
+from draftlab.decode.round_sizer import Choice, RoundSizer, parent_kind
+from draftlab.decode.shadows import Shadow, Shadows
+from draftlab.decode.spec import DecoderConfig
 from draftlab.decode.timing import TickClock
-from draftlab.models import ModelSpec, load_model
-from draftlab.models.profile import CostCurve, load_cached, load_or_measure, measure, profile_path
+from draftlab.models.cost_curve import CostCurve
+from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.profile import load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -374,7 +377,7 @@ def test_the_router_runs_each_generation_in_the_dtype_predicted_fastest(tiny_pai
     ],
 )
 def test_kernel_ceilings_hide_the_newer_isa_from_the_record(monkeypatch, env, left):
-    from draftlab.models.profile import effective_isa
+    from draftlab.hardware import effective_isa
 
     for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
         monkeypatch.delenv(key, raising=False)

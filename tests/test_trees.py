@@ -14,21 +14,25 @@ from test_sizing import FLAT, HEAD_LIKE, MODERATE, STEEP, curve
 from tiny import FAMILIES
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
-from draftlab.decode import DecoderConfig, build_decoder
+from draftlab.audit.law import ResampleFromTargetRule
+from draftlab.decode.build import build_decoder
 from draftlab.decode.cost import CostModel
 from draftlab.decode.loop import SpeculativeDecoder
+from draftlab.decode.spec import DecoderConfig
 from draftlab.decode.timing import TickClock
 from draftlab.decode.tree_sizer import TreeSizer
+from draftlab.drafters.draft_model.tree import DraftTreeProposer
+from draftlab.drafters.hybrid.proposer import merge_trees
+from draftlab.drafters.lookup.ngram import PromptLookupProposer, agreement_kind
+from draftlab.drafters.lookup.tree import LookupTreeProposer
+from draftlab.drafters.suffix.proposer import SuffixProposer
 from draftlab.errors import DraftlabError
-from draftlab.models import CachedModel, ModelSpec, load_model
+from draftlab.models.cached import CachedModel
+from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.proposal import Proposal
-from draftlab.proposers import DraftTreeProposer, LookupTreeProposer, PromptLookupProposer, SuffixProposer
 from draftlab.proposers.base import Proposer
-from draftlab.proposers.hybrid import merge_trees
-from draftlab.proposers.ngram import agreement_kind
 from draftlab.sampling import SamplingParams, warp_probs
-from draftlab.verify.exactness import ResampleFromTargetRule
 from draftlab.verify.rules import SpeculativeRule
 
 GREEDY = SamplingParams()

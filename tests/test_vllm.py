@@ -20,15 +20,10 @@ def test_vllms_global_counters_match_the_per_request_counts():
     what the request reports for itself, which is what draftlab records."""
     from transformers import AutoTokenizer
 
-    from draftlab.decode.methods import DecoderConfig
-    from draftlab.engines.vllm import (
-        COUNTERS,
-        PER_POSITION,
-        EngineArgs,
-        EnginePool,
-        VllmDecoder,
-        read_counters,
-    )
+    from draftlab.decode.spec import DecoderConfig
+    from draftlab.engines.vllm.config import EngineArgs
+    from draftlab.engines.vllm.counters import COUNTERS, PER_POSITION, read_counters
+    from draftlab.engines.vllm.engine import EnginePool, VllmDecoder
     from draftlab.models.loading import resolve_path
     from draftlab.sampling import SamplingParams
 

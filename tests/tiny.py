@@ -140,3 +140,30 @@ def make_model(
     model.save_pretrained(directory)
     make_tokenizer(directory, vocab)
     return directory
+
+
+def wide_llama(vocab: int, seed: int) -> LlamaForCausalLM:
+    """A one-layer Llama over a handful of tokens with weights drawn wide (N(0, 0.5)), so that its
+    next-token laws are far from uniform: the model of the exactness and sampling-law tests."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(wide_llama_config(vocab)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def wide_llama_config(vocab: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )

@@ -1,7 +1,9 @@
-"""draftlab: speculative decoding for Hugging Face models, measured honestly."""
+"""draftlab: speculative decoding for Hugging Face models, measured honestly.
+
+The face stays light (no torch): `draftlab report` and the method table load without it.
+"""
 
 from draftlab.errors import DraftlabError
-from draftlab.sampling import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["DraftlabError", "SamplingParams", "__version__"]
+__all__ = ["DraftlabError", "__version__"]

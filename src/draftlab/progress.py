@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,3 +24,13 @@ def progress_bar(title: str | None = None, info: bool = False, **kwargs) -> Prog
     if info:
         columns.append(TextColumn("{task.fields[info]}"))
     return Progress(*columns, **kwargs)
+
+
+@contextmanager
+def maybe_progress(enabled: bool) -> Iterator[Progress | None]:
+    """A live progress bar with an info field, or None where nothing is drawn (--quiet)."""
+    if not enabled:
+        yield None
+        return
+    with progress_bar(info=True, transient=False) as progress:
+        yield progress

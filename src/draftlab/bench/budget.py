@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from draftlab.bench.runner import WARMUP_TOKENS
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
-from draftlab.models.profile import TIE_BAND, CostCurve
+from draftlab.models.cost_curve import TIE_BAND, CostCurve
 
 # The generations' share of the default's 5 minutes: loading, warm-up and the report take the rest.
 DEFAULT_BUDGET_S = 240.0

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from draftlab.bench.records import Record, RunInfo
+from draftlab.models.cost_curve import CostCurve
 
 LEVEL_SEPARATOR = " c="  # a concurrency sweep labels its variants "sps@vllm c=16"
 
@@ -78,7 +79,6 @@ def predicted_concurrency_speedup(
     that level, speed-up = tokens per step · cost(c) / (cost(c · verified per step) + draft passes).
     `methods` says which labels draft with the draft model (one draft pass of c tokens per draft token).
     """
-    from draftlab.models.profile import CostCurve  # noqa: PLC0415 - reports need no torch otherwise
 
     t_curve = CostCurve(**target)
     d_curve = CostCurve(**draft) if draft else None

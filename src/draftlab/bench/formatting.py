@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from draftlab.decode.methods import REGISTRY
+from draftlab.decode.spec import REGISTRY
 
 # The names the seed reports used ("AS: ... tokens/sec, SPS: ...") for labels that are a bare method.
 SEED_NAMES = {name: spec.seed_name for name, spec in REGISTRY.items()}

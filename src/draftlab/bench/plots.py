@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from draftlab.bench.formatting import fmt_params
-from draftlab.decode.methods import is_speculative
+from draftlab.decode.spec import is_speculative
 from draftlab.files import atomic_path
 
 SPEEDUP_PNG = "speedup_by_subtask.png"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from draftlab.bench.formatting import fmt_duration
 from draftlab.bench.table_data import TableData
 from draftlab.bench.tables import best_label
-from draftlab.decode.methods import is_speculative
+from draftlab.decode.spec import is_speculative
 
 FULL_SETTINGS = "full settings: run.json (every variant's settings, the software versions, the host)"
 

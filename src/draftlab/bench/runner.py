@@ -16,10 +16,12 @@ from rich.console import Console
 
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
+from draftlab.decode.build import build_decoder, compiled_passes
 from draftlab.decode.cost import CostModel
-from draftlab.decode.methods import Decoder, DecoderConfig, build_decoder
+from draftlab.decode.spec import Decoder, DecoderConfig
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
+from draftlab.models.compiled import RESERVE, static_length
 from draftlab.models.loading import LoadedModel, check_context
 from draftlab.models.prompting import Message, encode_prompt
 from draftlab.progress import progress_bar
@@ -267,7 +269,6 @@ def warm_compiled(
     and answers, bounded here by their texts plus `max_new_tokens` per answer. A progress line
     counts the passes: a package is built once per machine and cache length (about 1.5 min on 2
     cores for the default target) and loaded by later runs."""
-    from draftlab.models.compiled import RESERVE, static_length  # noqa: PLC0415
 
     plan: list[tuple[Variant, list[int]]] = []
     for variant in variants:
@@ -283,7 +284,7 @@ def warm_compiled(
             lengths.add(static_length(most + RESERVE))
         buckets = sorted(lengths)
         plan.append((variant, [buckets[0] * 2**k for k in range((buckets[-1] // buckets[0]).bit_length())]))
-    total = sum(len(v.config.compiled_passes) * len(lengths) for v, lengths in plan)
+    total = sum(len(compiled_passes(v.config)) * len(lengths) for v, lengths in plan)
     if not total:
         return
     progress = progress_bar("[bold]compile[/]", console=Console(stderr=True, quiet=quiet), disable=quiet)
@@ -295,7 +296,7 @@ def warm_compiled(
 
         for variant, lengths in plan:
             for length in lengths:
-                variant.decoder.target.warm(length, variant.config.compiled_passes, on_pass)
+                variant.decoder.target.warm(length, compiled_passes(variant.config), on_pass)
 
 
 def to_record(

@@ -15,7 +15,7 @@ from draftlab.bench.losslessness import with_plain_matches
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL, speedup
 from draftlab.bench.records import Record, RunInfo
 from draftlab.bench.sweeps import sweeps
-from draftlab.decode.methods import is_speculative
+from draftlab.decode.spec import is_speculative
 
 SCHEMA_VERSION = 1
 

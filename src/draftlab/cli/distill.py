@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from draftlab.errors import DraftlabError
 
 if TYPE_CHECKING:
-    from draftlab.distill.pipeline import DistillConfig
+    from draftlab.distill.config import DistillConfig
 
 
 def _parse(text: str, kind, what: str):
@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_head(args: argparse.Namespace) -> int:
-    from draftlab.distill.eagle_pipeline import HeadOptions, distill_head  # noqa: PLC0415
-    from draftlab.distill.eagle_train import HeadTrainConfig  # noqa: PLC0415
+    from draftlab.drafters.eagle3.distill import HeadOptions, distill_head  # noqa: PLC0415
+    from draftlab.drafters.eagle3.train import HeadTrainConfig  # noqa: PLC0415
 
     train = HeadTrainConfig(**_training(args), ttt_steps=args.ttt_steps)
     opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
@@ -254,7 +254,7 @@ def _run_head(args: argparse.Namespace) -> int:
 
 def distill_config(args: argparse.Namespace) -> DistillConfig:
     """The parsed command line as the distill pipeline's configuration (the head reads it too)."""
-    from draftlab.distill import pipeline as P  # noqa: PLC0415, N812
+    from draftlab.distill import config as P  # noqa: PLC0415, N812
     from draftlab.distill import train as T  # noqa: PLC0415, N812
 
     out = Path(args.out).expanduser()
@@ -315,7 +315,7 @@ def _training(args: argparse.Namespace) -> dict:
     """What a draft's and a head's training share on the command line."""
     import torch  # noqa: PLC0415
 
-    from draftlab.distill.pipeline import autocast_enabled  # noqa: PLC0415
+    from draftlab.distill.config import autocast_enabled  # noqa: PLC0415
 
     return {
         "steps": args.steps,

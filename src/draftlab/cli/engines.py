@@ -8,9 +8,12 @@ from contextlib import contextmanager
 
 from draftlab.bench.runner import Variant
 from draftlab.cli.common import head_name, model_names
+from draftlab.cli.engine_option import add_engine_option
 from draftlab.cli.llamacpp_engine import add_llamacpp_args, check_gguf_type
-from draftlab.decode.methods import DecoderConfig, method_spec
-from draftlab.engines import ENGINES
+from draftlab.decode.spec import DecoderConfig, method_spec
+from draftlab.engines import ENGINES, engines_for
+from draftlab.engines.vllm.config import EngineArgs, import_vllm, parse_engine_arg
+from draftlab.engines.vllm.engine import EnginePool, VllmDecoder
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
 from draftlab.sampling import SamplingParams
@@ -20,13 +23,7 @@ VLLM_SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
-    g.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="hf",
-        help="hf: draftlab's own decode loop (default); vllm: the same methods through vLLM; llamacpp: "
-        "our loop over the GGUF target run by llama.cpp (scripts/install-llamacpp.sh)",
-    )
+    add_engine_option(g, ENGINES)
     g.add_argument("--engines", default=None, help="several engines in one run, e.g. hf,vllm or hf,llamacpp")
     add_llamacpp_args(g)
     g.add_argument("--speculator", default=None, help="vllm: the folder of an eagle, eagle3 or mtp head")
@@ -69,16 +66,15 @@ def check_methods(methods: list[str], engines: list[str]) -> None:
     """A method an engine lacks is refused before anything loads."""
     for engine in engines:
         for method in methods:
-            if engine not in method_spec(method).engines:
-                on = ", ".join(method_spec(method).engines)
+            on_engines = engines_for(method_spec(method))
+            if engine not in on_engines:
+                on = ", ".join(on_engines)
                 raise DraftlabError(
                     f"method '{method}' is not available on engine {engine} (it runs on: {on})"
                 )
 
 
 def engine_args(args: argparse.Namespace):
-    from draftlab.engines.vllm import EngineArgs, parse_engine_arg
-
     extra = dict(parse_engine_arg(text) for text in args.vllm_arg)
     return EngineArgs(
         args.tensor_parallel_size, args.pipeline_parallel_size, args.distributed_executor_backend, extra
@@ -94,8 +90,6 @@ def check_engine_args(args: argparse.Namespace, engines: list[str]) -> None:
     if args.vllm_block < 1:
         raise DraftlabError(f"--vllm-block must be >= 1, got {args.vllm_block}")
     if "vllm" in engines:
-        from draftlab.engines.vllm import import_vllm
-
         import_vllm()
 
 
@@ -130,8 +124,6 @@ def vllm_variants(
     dtype: str,
 ):
     """One variant per method, each with its own `LLM` from one pool; and the pool (to close)."""
-    from draftlab.engines.vllm import EnginePool, VllmDecoder
-
     warm = target.tokenizer("Hello, how are you?")["input_ids"]
     pool = EnginePool(target.path, target.path, dtype, args.seed, engine_args(args), args.vllm_alive, warm)
     variants = []

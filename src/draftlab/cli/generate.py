@@ -23,7 +23,8 @@ from draftlab.cli.common import (
     sampling_from,
 )
 from draftlab.cli.engines import check_methods
-from draftlab.decode.methods import METHODS, build_decoder, check_fits
+from draftlab.decode.build import build_decoder, check_fits, compiled_passes
+from draftlab.decode.spec import method_names
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
 from draftlab.models.compiled import RESERVE
@@ -35,7 +36,7 @@ from draftlab.progress import progress_bar
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text for one prompt with one method")
     p.add_argument("prompt", nargs="?", help="the prompt; '-' reads standard input")
-    p.add_argument("--method", choices=METHODS, default="sps")
+    p.add_argument("--method", choices=method_names(), default="sps")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON record instead of text and a table")
     add_model_args(p)
@@ -83,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if config.compile:
         # Untimed: every pass this method takes over this prompt's static cache compiles first.
         with progress_bar("[bold]compile[/]", console=Console(stderr=True)) as progress:
-            task = progress.add_task("", total=len(config.compiled_passes))
+            task = progress.add_task("", total=len(compiled_passes(config)))
 
             def on_pass(length: int, size: int) -> None:
                 progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
 
-            decoder.target.warm(len(ids) + RESERVE, config.compiled_passes, on_pass)
+            decoder.target.warm(len(ids) + RESERVE, compiled_passes(config), on_pass)
         compiled = compile_seconds(target)
         seconds = ", ".join(
             f"{c['seconds']:.1f} s ({c['package']}, {n}-token cache)" for n, c in compiled.items()

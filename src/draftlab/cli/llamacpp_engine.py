@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from rich.console import Console
 
 from draftlab.cli.common import load_spec, machine_profile, model_names
-from draftlab.decode.methods import method_spec
+from draftlab.cli.engine_option import add_engine_option
+from draftlab.decode.spec import method_spec
+from draftlab.engines import engines_for
+from draftlab.engines.llamacpp.export import OUTTYPES
+from draftlab.engines.llamacpp.load import load_llamacpp
+from draftlab.engines.llamacpp.model import OWN_STORAGE, LlamaCppLM, is_llamacpp_source
 from draftlab.errors import DraftlabError
-from draftlab.models.gguf_export import OUTTYPES
-from draftlab.models.llamacpp import OWN_STORAGE, LlamaCppLM, is_llamacpp_source, load_llamacpp
+from draftlab.models.cost_curve import pick_dtype
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible
+from draftlab.models.registry import ENTRIES
 
 ENGINES = ("hf", "llamacpp")
 AUTO_STORAGE = "auto"
@@ -24,14 +30,7 @@ DRAFT_DTYPE = "float32"
 
 def add_engine_arg(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="hf",
-        help="hf: transformers models (default); llamacpp: a GGUF target (default: the default target's "
-        "own Q4_1 GGUF) run by llama.cpp in the same decode loop, with a .gguf or transformers draft "
-        "(needs scripts/install-llamacpp.sh)",
-    )
+    add_engine_option(g, ENGINES)
     add_llamacpp_args(g)
 
 
@@ -71,8 +70,6 @@ def resolve_storage(args: argparse.Namespace, name: str) -> str:
     """`--gguf-type auto`: of AUTO_CANDIDATES, the storage whose plain decoding of a 256-token prompt
     and --max-new-tokens is predicted fastest by its profile (measured once, then cached), as
     `--dtype auto` picks a dtype; a GGUF file runs as it is."""
-    from draftlab.models.profile import pick_dtype  # noqa: PLC0415
-    from draftlab.models.registry import ENTRIES  # noqa: PLC0415
 
     if args.gguf_type != AUTO_STORAGE:
         return args.gguf_type
@@ -102,7 +99,6 @@ def resolve_storage(args: argparse.Namespace, name: str) -> str:
 
 def installed() -> bool:
     """Whether llama-cpp-python can be imported here (without importing it)."""
-    import importlib.util
 
     return importlib.util.find_spec("llama_cpp") is not None
 
@@ -111,10 +107,10 @@ def check_method(method: str) -> None:
     """Methods decoded by transformers' generate() or vLLM need their engine; the rest of our loop and
     llama.cpp's own decoding run here."""
     spec = method_spec(method)
-    if "llamacpp" not in spec.engines:
+    if "llamacpp" not in engines_for(spec):
         raise DraftlabError(
             f"method '{method}' is not available on engine llamacpp (it is decoded by "
-            f"{'vLLM' if not spec.hf else 'transformers generate()'}, not by draftlab's loop)"
+            f"{'vLLM' if spec.engine == 'vllm' else 'transformers generate()'}, not by draftlab's loop)"
         )
 
 

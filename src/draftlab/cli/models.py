@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from draftlab.cli.common import DEFAULT_TARGET
+from draftlab.engines.llamacpp.export import OUTTYPES, export_gguf
+from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.errors import DraftlabError
 from draftlab.models import cache, catalogue, install, registry
+from draftlab.models.cached import cached
+from draftlab.models.gguf import verification_prompts
+from draftlab.models.loading import ModelSpec, load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -134,11 +142,6 @@ def _fetch_gguf(entry: catalogue.RegistryEntry, console: Console, force: bool) -
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from pathlib import Path  # noqa: PLC0415
-
-    from draftlab.cli.common import DEFAULT_TARGET  # noqa: PLC0415
-    from draftlab.models.gguf_export import OUTTYPES, export_gguf  # noqa: PLC0415
-    from draftlab.models.loading import ModelSpec, load_model  # noqa: PLC0415
 
     if args.outtype not in OUTTYPES:
         raise DraftlabError(f"--outtype must be one of {', '.join(OUTTYPES)}, got '{args.outtype}'")
@@ -179,15 +182,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _check_export(lm, path: str) -> dict | None:
     """llama.cpp's logits for the file against the transformers model's, on the conversion prompts."""
-    import importlib.util  # noqa: PLC0415
 
     if importlib.util.find_spec("llama_cpp") is None:
         return None
     import torch  # noqa: PLC0415
-
-    from draftlab.models.cached import cached  # noqa: PLC0415
-    from draftlab.models.gguf import verification_prompts  # noqa: PLC0415
-    from draftlab.models.llamacpp import load_llamacpp  # noqa: PLC0415
 
     gguf = load_llamacpp(path, tokenizer=lm.tokenizer)  # checks the vocabulary token by token
     runner = cached(gguf)

@@ -14,21 +14,14 @@ from rich.table import Table
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_compile_arg, add_model_args, load_spec
 from draftlab.decode.cost import CostModel, break_even_alpha
+from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
+from draftlab.hardware import fingerprint_key, hardware, supported_dtypes
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
-from draftlab.models.llamacpp import runs_on_llamacpp
+from draftlab.models.cost_curve import Profile, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec
-from draftlab.models.profile import (
-    Profile,
-    fingerprint_key,
-    hardware,
-    load_or_measure,
-    pick_dtype,
-    profile_dir,
-    supported_dtypes,
-    verify_slope,
-)
+from draftlab.models.profile import load_or_measure, profile_dir
 
 BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
 
@@ -138,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                     lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats, compiled=compiled
                 )
             source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-            engine = " · llama.cpp" if runs_on_llamacpp(lm) else (" · compiled" if compiled else "")
+            engine = " · llama.cpp" if lm.engine == "llamacpp" else (" · compiled" if compiled else "")
             console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
             profiles[role] = profile
             key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
@@ -198,8 +191,6 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
             (role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names
         ]
         if args.head is not None:  # an EAGLE-3 head beside its target, in the target's dtype
-            from draftlab.models.eagle_io import load_head_lm  # noqa: PLC0415
-
             models.append(("head", load_head_lm(args.head, models[0][1])))
         yield dtype, models
 

@@ -25,8 +25,8 @@ from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.errors import DraftlabError
 from draftlab.files import LOCK_FILE, PID_FILE, folder_lock
+from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
-from draftlab.models.profile import hardware
 
 
 def add_run_command_args(

@@ -24,7 +24,8 @@ from draftlab.cli.run_setup import (
     suite_examples,
     variant_params,
 )
-from draftlab.decode.methods import check_fits, method_spec
+from draftlab.decode.build import check_fits
+from draftlab.decode.spec import method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.profile import find_cached
 from draftlab.models.prompting import encode_prompt

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from draftlab.models.profile import CostCurve
+from draftlab.models.cost_curve import CostCurve
 
 
 @dataclass

@@ -10,7 +10,8 @@ acceptance learned so far (shared by all copies). Every copy decodes losslessly 
 
 from __future__ import annotations
 
-from draftlab.decode.loop import Generation, SpeculativeDecoder
+from draftlab.decode.loop import SpeculativeDecoder
+from draftlab.decode.stats import Generation
 from draftlab.sampling import SamplingParams
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftlab.decode.cost import CostModel
-from draftlab.decode.round_sizer import Choice, RoundSizer, Shadow
+from draftlab.decode.round_sizer import Choice, RoundSizer
+from draftlab.decode.shadows import Shadow
 from draftlab.proposal import Proposal
 
 # Tree rounds: node scores (draft probability, match frequency) are calibrated against what the

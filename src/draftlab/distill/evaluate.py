@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftlab.decode.methods import DecoderConfig, build_decoder
+from draftlab.decode.build import build_decoder
+from draftlab.decode.spec import DecoderConfig
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 from draftlab.models.prompting import encode_prompt

@@ -1,6 +1,2 @@
-"""Layer 1: loading models, a cache-aware forward, and rollback."""
-
-from draftlab.models.cached import CachedModel
-from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model
-
-__all__ = ["CachedModel", "LoadedModel", "ModelSpec", "check_compatible", "load_model"]
+"""Models: loading through the Auto classes, the cache-aware forward and rollback, compiled passes,
+the machine's cost profile, and the offline model catalogue. The package itself imports nothing heavy."""

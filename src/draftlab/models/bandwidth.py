@@ -64,9 +64,8 @@ def cached_bandwidth(folder: Path, hardware_key: str) -> Bandwidth:
 
 def weight_bytes(lm) -> int:
     """Bytes a plain decoding step reads: every weight once (a tied embedding once, as the output)."""
-    from draftlab.models.llamacpp import runs_on_llamacpp  # noqa: PLC0415
 
-    if runs_on_llamacpp(lm):
+    if lm.engine == "llamacpp":
         import llama_cpp  # noqa: PLC0415
 
         return int(llama_cpp.llama_model_size(lm.llm.model))

@@ -254,13 +254,20 @@ class CachedModel:
     @torch.inference_mode()  # a static cache's length is a tensor made under inference mode
     def crop(self, length: int) -> None:
         """Forget everything after the first `length` tokens of the sequence."""
-        drop = len(self._tokens) - length
         self._tree = None
-        if drop <= 0:
-            return
-        del self._tokens[length:]
-        if self._cache is not None:
-            self._cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
+        crop_sequence(self._tokens, self._cache, length)
+
+
+def crop_sequence(tokens: list[int], cache, length: int) -> bool:
+    """Drop everything after the first `length` tokens from a sequence and its KV cache (transformers'
+    own, rolled back with `crop`); whether anything was dropped."""
+    drop = len(tokens) - length
+    if drop <= 0:
+        return False
+    del tokens[length:]
+    if cache is not None:
+        cache.crop(-drop)  # transformers 5 takes the number of tokens to remove
+    return True
 
 
 def cached(lm, use_cache: bool = True, compiled: bool = False):

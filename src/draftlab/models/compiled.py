@@ -31,6 +31,8 @@ from filelock import FileLock
 from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
+from draftlab.hardware import fingerprint_key
+from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel
 
 # inductor's "max-autotune-no-cudagraphs" mode, with frozen (constant-folded, prepacked) weights.
@@ -85,7 +87,6 @@ class StaticStep(torch.nn.Module):
 
 def compiled_dir() -> Path:
     """$DRAFTLAB_COMPILED_DIR, else compiled/ under the draftlab home."""
-    from draftlab.models.cache import home  # noqa: PLC0415
 
     env = os.environ.get("DRAFTLAB_COMPILED_DIR")
     return Path(env).expanduser() if env else home() / "compiled"
@@ -101,9 +102,8 @@ def weights_stamp(path: str) -> list:
 
 
 def package_path(lm: LoadedModel, length: int) -> Path:
-    from draftlab.models.profile import fingerprint, fingerprint_key  # noqa: PLC0415
 
-    fp = {**fingerprint(lm, compiled=True), "weights": weights_stamp(lm.path), "package": PACKAGE_SCHEMA}
+    fp = {**lm.fingerprint(compiled=True), "weights": weights_stamp(lm.path), "package": PACKAGE_SCHEMA}
     slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
     return compiled_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}" / f"{length}.pt2"
 

@@ -6,8 +6,10 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
+import transformers
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
@@ -20,6 +22,7 @@ from transformers import (
 )
 
 from draftlab.errors import DraftlabError, first_line
+from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -49,6 +52,7 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
+    engine: ClassVar[str] = "hf"  # what evaluates it: transformers (a GGUF model says llamacpp)
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     spec: ModelSpec
@@ -83,6 +87,25 @@ class LoadedModel:
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    def fingerprint(self, compiled: bool = False) -> dict:
+        """Everything a cost curve of this model depends on: a profile with another one is re-measured.
+
+        `compiled`: the target's passes through its compiled package (models/compiled.py), a curve of its own."""
+        return {
+            **({"compiled": True} if compiled else {}),
+            "model": self.spec.name,
+            "path": self.path,
+            "parameters": self.num_parameters,
+            "dtype": self.spec.dtype,
+            "attn_implementation": self.model.config._attn_implementation,
+            "hardware": hardware(self.device),
+            "threads": torch.get_num_threads(),
+            "kernel_env": kernel_env(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "schema": PROFILE_SCHEMA,
+        }
 
 
 def resolve_path(name: str) -> str:

@@ -1,0 +1,259 @@
+"""Running an audit: every method's greedy tokens against plain decoding (differences rerun in float32,
+or on one llama.cpp thread), and 2-token samples against the target's exact law, with a wrong rule
+beside them to show the test's power.
+
+The command line (cli/audit.py) hands in how to configure a method, price it and load a copy; this
+module knows nothing of argparse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Protocol
+
+import torch
+import transformers
+
+from draftlab.audit.checks import WRONG_RULE, first_divergence
+from draftlab.audit.law import ResampleFromTargetRule, reuse_prefix, sample_pairs, two_token_law
+from draftlab.decode.build import build_decoder
+from draftlab.decode.cost import CostModel
+from draftlab.decode.spec import DecoderConfig
+from draftlab.engines.llamacpp.model import OWN_STORAGE
+from draftlab.models.cached import cached
+from draftlab.models.loading import LoadedModel, ModelSpec
+from draftlab.sampling import SamplingParams
+from draftlab.verify.rules import SpeculativeRule
+
+GREEDY = SamplingParams()
+AUDIT_TREE_BUDGET = 16  # nodes per round when the audit samples a tree method
+
+
+class Progress(Protocol):
+    def add(self, n: int) -> None: ...
+    def say(self, text: str) -> None: ...
+    def step(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    max_new_tokens: int
+    samples: int
+    seed: int
+    params: SamplingParams  # the sampling check's
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the audit asks of its caller: a method's configuration, a pair's cost model, and copies of
+    a model for rechecks (a transformers spec, or a llama.cpp model on one thread)."""
+
+    config_of: Callable[[str], DecoderConfig]
+    cost_of: Callable[[LoadedModel, LoadedModel | None], CostModel]
+    load: Callable[[ModelSpec], LoadedModel]
+    one_thread: Callable[[LoadedModel], LoadedModel]
+
+
+def _token_text(lm: LoadedModel, token: int | None) -> str:
+    if token is None:
+        return "(end)"
+    return lm.tokenizer.decode([token])
+
+
+def _logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float | None:
+    """logit(a) - logit(b) where ar wrote a and the method b: how near a tie the choice was."""
+    if b is None:
+        return None
+    if lm.engine == "llamacpp":
+        runner = cached(lm)
+        runner.start(ids)
+        logits = runner.forward(ids, keep=1)[-1]
+    else:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=torch.tensor([ids], device=lm.device)).logits[0, -1].float()
+    return float(logits[a] - logits[b])
+
+
+class Audit:
+    def __init__(self, settings: AuditSettings, parts: Parts, bar: Progress) -> None:
+        self.args = settings
+        self.parts = parts
+        self.bar = bar
+        self.rechecked: tuple[LoadedModel, LoadedModel | None] | None = None
+        self.ar_rechecked: dict[int, list[int]] = {}
+
+    # ------------------------------------------------------------------ greedy
+
+    def decoders(self, methods, target, draft, cost):
+        configs = {m: self.parts.config_of(m) for m in ["ar", *methods]}
+        return {m: build_decoder(c, target, draft, cost if c.adaptive else None) for m, c in configs.items()}
+
+    def recheck_pair(self, target: LoadedModel, draft: LoadedModel | None):
+        """The pair a difference is rerun on: float32 copies, or on llama.cpp one-thread copies (there
+        every pass size takes the same kernels; the GGUF's quantization cannot change)."""
+        if self.rechecked is None:
+            self.rechecked = (
+                self._recheck_copy(target),
+                self._recheck_copy(draft) if draft is not None else None,
+            )
+        return self.rechecked
+
+    @staticmethod
+    def recheck_key(target, draft) -> str | None:
+        """The record key of the rerun this pair gets on a difference, or None (nothing to rerun)."""
+        if target.engine == "llamacpp":
+            return "float32" if checkpoint_of(target) else "one_thread"
+        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
+        return "float32" if low else None
+
+    def greedy(self, audits, target, draft, cost, prompts):
+        args = self.args
+        decoders = self.decoders([a.method for a in audits], target, draft, cost)
+        recheck = self.recheck_key(target, draft)
+        for i, ids in enumerate(prompts):
+            self.bar.say(f"greedy · prompt {i + 1}/{len(prompts)} · ar")
+            ar = decoders["ar"].generate(ids, args.max_new_tokens, GREEDY).tokens
+            self.bar.step()
+            for audit in audits:
+                self.bar.say(f"greedy · prompt {i + 1}/{len(prompts)} · {audit.method}")
+                tokens = decoders[audit.method].generate(ids, args.max_new_tokens, GREEDY).tokens
+                self.bar.step()
+                audit.greedy_prompts += 1
+                at = first_divergence(ar, tokens)
+                if at is None:
+                    audit.greedy_identical += 1
+                    continue
+                want = ar[at] if at < len(ar) else None
+                got = tokens[at] if at < len(tokens) else None
+                record = {
+                    "prompt": i + 1,
+                    "position": at,
+                    "ar_token": want,
+                    "method_token": got,
+                    "ar_text": _token_text(target, want),
+                    "method_text": _token_text(target, got),
+                    "logit_gap": _logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
+                    recheck or "float32": None,
+                }
+                if recheck and audit.lossless_claim:
+                    record[recheck] = self.recheck(audit.method, i, ids, target, draft)
+                audit.divergences.append(record)
+
+    def recheck(self, method: str, i: int, ids: list[int], target, draft) -> str:
+        args = self.args
+        t32, d32 = self.recheck_pair(target, draft)
+        self.bar.add(2 if i not in self.ar_rechecked else 1)
+        how = "one-thread" if target.engine == "llamacpp" else "float32"
+        self.bar.say(f"greedy · prompt {i + 1} · {how} recheck · {method}")
+        if i not in self.ar_rechecked:
+            ar = build_decoder(self.parts.config_of("ar"), t32)
+            self.ar_rechecked[i] = ar.generate(ids, args.max_new_tokens, GREEDY).tokens
+            self.bar.step()
+        config = self.parts.config_of(method)
+        # On one llama.cpp thread every pass size rounds alike, so how rounds are sized cannot matter
+        # there, and fixed k spares profiling the copy.
+        sized = config.adaptive and not t32.engine == "llamacpp"
+        cost = self.parts.cost_of(t32, d32 if config.needs_draft else None) if sized else None
+        tokens = build_decoder(config, t32, d32, cost).generate(ids, args.max_new_tokens, GREEDY).tokens
+        self.bar.step()
+        return "matches" if tokens == self.ar_rechecked[i] else "diverges"
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, config: DecoderConfig, target, draft, ids, law, label, rule=None) -> dict:
+        """One method at one prefix: `--samples` 2-token generations, their p-value under `law`."""
+        t_reuse = reuse_prefix(target, ids)
+        d_reuse = reuse_prefix(draft, ids) if draft is not None and config.needs_draft else None
+        if config.spec.tree and config.tree_budget is None:
+            # Without a cost model a tree method verifies a chain; a fixed budget tests the tree rule.
+            config = dataclasses.replace(config, tree_budget=AUDIT_TREE_BUDGET)
+        decoder = build_decoder(config, t_reuse, d_reuse)  # no cost model: every round drafts its k
+        if rule is not None:
+            decoder.rule = rule
+        self.bar.say(label)
+        seeds = range(self.args.seed, self.args.seed + self.args.samples)
+        run = sample_pairs(decoder, ids, self.params, seeds, on_sample=self.bar.step)
+        return {"p_value": law.p_value(run.counts), **run.to_dict()}
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.args.params
+
+    def _recheck_copy(self, lm):
+        checkpoint = checkpoint_of(lm)
+        if checkpoint:
+            return self.parts.load(ModelSpec(checkpoint, dtype="float32"))
+        if lm.engine == "llamacpp":
+            return self.parts.one_thread(lm)
+        return self.parts.load(dataclasses.replace(lm.spec, dtype="float32"))
+
+    def sampling(self, audits, target, draft, prefixes, alpha_per_test) -> dict | None:
+        args = self.args
+        configs = {a.method: self.parts.config_of(a.method) for a in audits}
+        wrong = power_method(audits, configs, target, draft)
+        self.bar.add(len(prefixes) * args.samples * (len(audits) + (wrong is not None)))
+        power: dict | None = None
+        if wrong is not None:
+            power = {"rule": WRONG_RULE, "proposer_of": wrong, "prefixes": [], "shown": False}
+        recheck = self.recheck_key(target, draft)
+        for j, ids in enumerate(prefixes):
+            law = two_token_law(target, ids, self.params, args.samples)
+            where = f"sampling · prefix {j + 1}/{len(prefixes)}"
+            for audit in audits:
+                config = configs[audit.method]
+                result = self.sample(config, target, draft, ids, law, f"{where} · {audit.method}")
+                result.update(prefix=j + 1, cells=law.degrees_of_freedom + 1, law_cells=len(law.cells))
+                if recheck and audit.lossless_claim and result["p_value"] < alpha_per_test:
+                    t32, d32 = self.recheck_pair(target, draft)
+                    law32 = two_token_law(t32, ids, self.params, args.samples)
+                    self.bar.add(args.samples)
+                    again = self.sample(config, t32, d32, ids, law32, f"{where} · {audit.method} · {recheck}")
+                    result[f"{recheck}_p_value"] = again["p_value"]
+                audit.sampling.append(result)
+            if power is not None:
+                result = self.sample(
+                    configs[wrong],
+                    target,
+                    draft,
+                    ids,
+                    law,
+                    f"{where} · wrong rule",
+                    rule=ResampleFromTargetRule(),
+                )
+                result.update(prefix=j + 1, rejected=result["p_value"] < alpha_per_test)
+                power["prefixes"].append(result)
+        if power is not None:
+            power["shown"] = any(r["rejected"] for r in power["prefixes"])
+        return power
+
+
+def power_method(audits, configs, target, draft) -> str | None:
+    """The audited method whose decoder the wrong rule goes into: one with a speculative-sampling rule,
+    a draft model's proposer (stochastic q) preferred."""
+    found = []
+    for audit in audits:
+        if not audit.lossless_claim:
+            continue
+        decoder = build_decoder(configs[audit.method], target, draft)
+        if isinstance(getattr(decoder, "rule", None), SpeculativeRule):
+            found.append((getattr(decoder.proposer, "draft", None) is None, audit.method))
+    return min(found)[1] if found else None
+
+
+def checkpoint_of(lm) -> str | None:
+    """The transformers checkpoint a llama.cpp model was exported from (`--gguf-type` other than own),
+    or None. Its storages are not batch-invariant even on one thread (BF16 and F32 passes of one and
+    of several tokens differed by up to 0.23 and 0.012 in the logits on the Zen5, where the Q4_1 file's
+    were bitwise equal), so a difference is rerun on the checkpoint in float32 instead."""
+    storage = getattr(lm.spec, "storage", OWN_STORAGE)
+    return lm.spec.name if lm.engine == "llamacpp" and storage != OWN_STORAGE else None
+
+
+def versions(target) -> dict:
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if target.engine == "llamacpp":
+        versions["llama_cpp"] = metadata.version("llama-cpp-python")
+    return versions

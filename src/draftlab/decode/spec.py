@@ -1,0 +1,261 @@
+"""The method table: one row per method, each registered by the folder that implements it.
+
+A `MethodSpec` names a method, says whether it needs a draft model or a head, whether it
+speculates, which `DecoderConfig` settings it reads, how its draft length is reported, and where
+its decoder is built. No torch here: reports read the table. The rows come from `METHOD_MODULES`
+(each drafter's and each engine's `methods.py`), loaded on the table's first use; adding a drafter
+is its folder plus one line there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Protocol
+
+from draftlab.errors import DraftlabError
+
+if TYPE_CHECKING:
+    from draftlab.decode.cost import CostModel
+    from draftlab.decode.stats import Generation
+    from draftlab.models.loading import LoadedModel
+    from draftlab.sampling import SamplingParams
+
+# Where the rows are declared, in the order the table lists them.
+METHOD_MODULES = (
+    "draftlab.decode.plain",
+    "draftlab.drafters.draft_model.methods",
+    "draftlab.drafters.lookup.methods",
+    "draftlab.drafters.hybrid.methods",
+    "draftlab.drafters.suffix.methods",
+    "draftlab.drafters.eagle3.methods",
+    "draftlab.engines.hf.methods",
+    "draftlab.engines.llamacpp.methods",
+    "draftlab.engines.vllm.methods",
+)
+FLAGS = ("draft", "head", "plain", "sized", "tree", "lossy")
+
+
+class Decoder(Protocol):
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation: ...
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Every method setting, with its one default. The CLI reads its defaults from here."""
+
+    method: str = "sps"
+    gamma: int = 4  # sps: draft tokens per round (with cost-aware sizing: the most per round)
+    fallback_threshold: float = 0.6  # BiLD: the small model continues while max prob >= this
+    rollback_threshold: float = 5.0  # BiLD: roll back where -log p_large(token) > this (inf: never)
+    max_small_steps: int = 10  # BiLD: at most this many small-model tokens per block
+    max_ngram: int = 3  # PLD: longest n-gram to match
+    pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
+    use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
+    # sps and hf-assisted: stop drafting after a draft token with probability below this (0: off).
+    # 0.4 is HF's assistant_confidence_threshold default.
+    draft_confidence: float = 0.4
+    # sps and pld: False sizes every round from the machine's cost curve and the acceptance seen
+    # so far (k = 0 is a plain target step); True drafts the full γ (or PLD's tokens) every round.
+    fixed_k: bool = False
+    # Tree methods: candidates per expanded node and leaves expanded per level (draft trees), and
+    # a fixed node budget per round (None: chosen each round from the cost curve; without a
+    # profile, a chain).
+    tree_width: int = 8
+    tree_budget: int | None = None
+    # The target's passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py);
+    # chain methods of our own loop only.
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in REGISTRY:
+            raise DraftlabError(f"unknown method '{self.method}' (choose from {', '.join(REGISTRY)})")
+        if self.gamma < 1:
+            raise DraftlabError(f"gamma must be >= 1, got {self.gamma}")
+        if not 0.0 <= self.fallback_threshold <= 1.0:
+            raise DraftlabError(f"fallback threshold must be in [0, 1], got {self.fallback_threshold}")
+        if not self.rollback_threshold > 0 or math.isnan(self.rollback_threshold):
+            raise DraftlabError(f"rollback threshold must be > 0 (or inf), got {self.rollback_threshold}")
+        if self.max_small_steps < 1:
+            raise DraftlabError(f"BiLD max small steps must be >= 1, got {self.max_small_steps}")
+        if self.max_ngram < 1:
+            raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
+        if self.pld_tokens < 1:
+            raise DraftlabError(f"PLD tokens must be >= 1, got {self.pld_tokens}")
+        if self.tree_width < 1:
+            raise DraftlabError(f"tree width must be >= 1, got {self.tree_width}")
+        if self.tree_budget is not None and self.tree_budget < 1:
+            raise DraftlabError(f"tree budget must be >= 1, got {self.tree_budget}")
+        if not 0.0 <= self.draft_confidence <= 1.0:
+            raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
+        if self.compile and not REGISTRY[self.method].compilable:
+            raise DraftlabError(
+                f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild, eagle), not '{self.method}'"
+            )
+
+    @property
+    def spec(self) -> MethodSpec:
+        return REGISTRY[self.method]
+
+    @property
+    def needs_draft(self) -> bool:
+        """Whether the method runs a second model beside the target: a draft model or an EAGLE head."""
+        return self.spec.needs_draft or self.spec.needs_head
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether rounds are sized from the cost curve (the method supports it and k is not fixed)."""
+        return self.spec.cost_aware and not self.fixed_k
+
+    def settings(self) -> dict:
+        """The settings this method reads, as recorded with every result."""
+        out = {"use_cache": self.use_cache}
+        out.update({name: getattr(self, name) for name in self.spec.params})
+        if self.spec.cost_aware:
+            out["fixed_k"] = self.fixed_k
+        if self.spec.tree:
+            out["tree_budget"] = self.tree_budget
+        if self.compile:
+            out["compile"] = True
+        return out
+
+
+_FIELDS = {f.name for f in fields(DecoderConfig)}
+
+Builder = Callable[["DecoderConfig", "LoadedModel", "LoadedModel | None", "CostModel | None"], Decoder]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    summary: str
+    # "module:function" (imported when a decoder is built, so that reading the table imports no
+    # torch), or the function itself.
+    builder: str | Builder
+    needs_draft: bool = False
+    needs_head: bool = False  # drafts with an EAGLE-3 head (--head), which reads the target's features
+    speculative: bool = True  # False: one target token per forward pass (a baseline)
+    lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
+    cost_aware: bool = False  # rounds can be sized from the cost curve
+    params: tuple[str, ...] = ()  # the DecoderConfig fields the method reads
+    draft_length: str | None = None  # the DecoderConfig field reported as the method's γ
+    seed_name: str = ""  # the name the seed reports used ("AS", "SPS", ...)
+    tree: bool = False  # proposes token trees (decoder-only targets)
+    # None: decoded by draftlab's own loop. Else the engine whose own decoder it is ("hf":
+    # transformers' generate, "llamacpp": llama-cpp-python's, "vllm": a head only vLLM loads).
+    engine: str | None = None
+
+    @property
+    def external(self) -> bool:
+        """Decoded by another library, not by our loop."""
+        return self.engine is not None
+
+    @property
+    def compilable(self) -> bool:
+        """Whether --compile can run it: chains of our own loop (an EAGLE head's too: the head stays
+        eager and reads the compiled target's features)."""
+        return not (self.tree or self.external)
+
+    def __post_init__(self) -> None:
+        for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
+            if name not in _FIELDS:
+                raise ValueError(f"method '{self.name}' names an unknown setting '{name}'")
+
+    def build(self, config: DecoderConfig, target, draft, cost) -> Decoder:
+        builder = self.builder
+        if isinstance(builder, str):
+            module, _, function = builder.partition(":")
+            builder = getattr(importlib.import_module(module), function)
+        return builder(config, target, draft, cost)
+
+    def gamma(self, config: DecoderConfig) -> int | None:
+        """The draft length to report for this method (None where it has none)."""
+        return getattr(config, self.draft_length) if self.draft_length else None
+
+
+class _Table(MutableMapping[str, MethodSpec]):
+    """The rows, read from METHOD_MODULES on first use (those modules register into it)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, MethodSpec] = {}
+        self._loaded = False
+
+    def _load(self) -> dict[str, MethodSpec]:
+        if not self._loaded:
+            self._loaded = True
+            for module in METHOD_MODULES:
+                importlib.import_module(module)
+        return self._rows
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        return self._load()[name]
+
+    def __setitem__(self, name: str, spec: MethodSpec) -> None:
+        self._rows[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self._rows[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+REGISTRY = _Table()
+
+
+def register(
+    name: str,
+    seed_name: str,
+    builder: str | Builder,
+    summary: str,
+    flags: str = "",
+    params: tuple[str, ...] = (),
+    engine: str | None = None,
+) -> MethodSpec:
+    """Add one row. `flags`: draft (needs a draft model), head (an EAGLE-3 head, passed where a draft
+    goes), plain (a baseline: one target token per pass), sized (rounds sized from the cost curve),
+    tree (token trees), lossy (not lossless by design). The first of `params` is reported as γ."""
+    unknown = set(flags.split()) - set(FLAGS)
+    if unknown:
+        raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
+    spec = MethodSpec(
+        name,
+        " ".join(summary.split()),
+        builder,
+        needs_draft="draft" in flags,
+        needs_head="head" in flags,
+        speculative="plain" not in flags,
+        cost_aware="sized" in flags,
+        params=params,
+        draft_length=params[0] if params else None,
+        seed_name=seed_name,
+        tree="tree" in flags,
+        lossless="lossy" not in flags,
+        engine=engine,
+    )
+    REGISTRY[name] = spec
+    return spec
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def method_spec(name: str) -> MethodSpec:
+    if name not in REGISTRY:
+        raise DraftlabError(f"unknown method '{name}' (choose from {', '.join(REGISTRY)})")
+    return REGISTRY[name]
+
+
+def is_speculative(method: str | None) -> bool:
+    """Unknown methods (records from another version) count as speculative: they are not baselines."""
+    spec = REGISTRY.get(method or "")
+    return spec.speculative if spec else True
+
+
+DEFAULTS = DecoderConfig()

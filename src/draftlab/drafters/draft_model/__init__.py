@@ -1,0 +1,1 @@
+"""A small draft model: speculative sampling (sps), its token trees (sps-tree) and BiLD."""

@@ -1,0 +1,189 @@
+"""An EAGLE-3 head behind the decode loop's model interface: start, forward, crop, trees.
+
+The head sees the same token sequence as the target. Its entry for the token at position p reads
+the feature of position p - 1: the target's (fused) feature where the target has scored p - 1, and
+otherwise, while drafting, the head's own output for p - 1 (its parent, in a tree). Entries made
+from the head's own features are dropped as soon as the target's features for them arrive, so the
+accepted tokens are re-read with the target's features, as EAGLE does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from transformers import DynamicCache
+
+from draftlab.drafters.eagle3.head import Eagle3Head
+from draftlab.errors import DraftlabError
+from draftlab.models.cached import TreeArea, crop_sequence
+from draftlab.models.loading import LoadedModel, ModelSpec
+
+
+@dataclass
+class HeadLM:
+    """A loaded head with what the CLI, the profile and the reports read of a loaded model."""
+
+    model: Eagle3Head
+    tokenizer: object  # the target's
+    spec: ModelSpec
+    path: str
+    eos_token_ids: set[int] = field(default_factory=set)
+    target_context: int | None = None
+    is_encoder_decoder: bool = False
+    is_head: bool = True
+    engine: ClassVar[str] = "hf"
+    # The same fields as a transformers model's: the head's own config, device and weights.
+    fingerprint = LoadedModel.fingerprint
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def context_length(self) -> int | None:
+        return self.target_context
+
+    @property
+    def num_parameters(self) -> int:
+        """The head's own weights: the embedding is the target's and not counted."""
+        return sum(p.numel() for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
+
+    def cached_model(self, use_cache: bool = True) -> HeadModel:
+        # What `draftlab profile` times: the head's passes, with zero features where none are known.
+        return HeadModel(self, blind=True)
+
+
+class HeadModel:
+    """The head with its own KV cache (a transformers DynamicCache, rolled back with `crop`)."""
+
+    def __init__(self, lm: HeadLM, blind: bool = False) -> None:
+        self.lm = lm
+        self.head = lm.model
+        self.device = lm.device
+        self.blind = blind  # profiling only: a position without a known feature reads zeros
+        self.forward_calls = 0
+        self.dtype = self.head.fc.weight.dtype
+        self.hidden = self.head.config.hidden_size
+        self._tokens: list[int] = []
+        self._cache = DynamicCache()
+        self._own = torch.zeros(0, self.hidden, dtype=self.dtype, device=self.device)  # outputs per slot
+        self._features = torch.zeros(
+            0, self.hidden, dtype=self.dtype, device=self.device
+        )  # fused, per position
+        self._first_own: int | None = None  # the first slot fed with the head's own feature
+        self._tree: TreeArea | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def known(self) -> int:
+        """Positions whose target feature is known (0 .. known - 1)."""
+        return len(self._features)
+
+    def ready(self, sequence_length: int) -> bool:
+        """Whether the head can draft after a sequence of this length: the target has scored all
+        but its last token (in a generation's first round it has scored nothing yet)."""
+        return self.known >= sequence_length - 1
+
+    def supports_trees(self) -> bool:
+        return True
+
+    def start(self, prompt_ids: list[int]) -> list[int]:
+        self._tokens = []
+        self._cache = DynamicCache()
+        self._own = self._own[:0]
+        self._features = self._features[:0]
+        self._first_own = None
+        self._tree = None
+        return list(prompt_ids)
+
+    @torch.inference_mode()
+    def take_features(self, start: int, aux: torch.Tensor) -> None:
+        """The target's features for positions start, start + 1, ... ([n, layers·Ht], aux layers side by side)."""
+        if start > self.known:
+            raise DraftlabError(f"target features from position {start}, but only {self.known} are known")
+        fused = self.head.fuse(aux.to(self.device))
+        self._features = torch.cat([self._features[:start], fused.to(self.dtype)])
+        if self._first_own is not None:
+            self.crop(self._first_own)  # re-read with the target's features
+
+    def trim_features(self, length: int) -> None:
+        self._features = self._features[:length]
+
+    def _feature(self, position: int, parent_slot: int | None) -> torch.Tensor | None:
+        if position == 0:
+            return None
+        if position - 1 < self.known:
+            return self._features[position - 1]
+        if parent_slot is not None and parent_slot < len(self._own):
+            return self._own[parent_slot]
+        return None
+
+    @torch.inference_mode()
+    def forward(
+        self, new_ids: list[int], keep: int | None = None, tree: list[int] | None = None
+    ) -> torch.Tensor:
+        """Logits [keep, target V] for the new tokens (-inf outside the draft vocabulary)."""
+        start = len(self._tokens)
+        n = len(new_ids)
+        n_chain = n - (len(tree) if tree is not None else 0)
+        if tree is None:
+            self._tree = None
+            positions = list(range(start, start + n))
+            parents = [p - 1 for p in positions]
+            mask = None
+            if n > 1:
+                mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
+                mask = mask[None, None]
+        else:
+            if self._tree is None or n_chain > 0:
+                self._tree = TreeArea(start + n_chain)
+            area = self._tree
+            first = len(area.parents)
+            additive, pos = area.extend(start, n_chain, tree, self.dtype)
+            mask = additive.to(self.device)
+            positions = pos[0].tolist()
+            parents = [p - 1 for p in positions[:n_chain]] + [
+                area.base + p if p >= 0 else area.base - 1 for p in area.parents[first:]
+            ]
+        feats = []
+        for i, (position, parent) in enumerate(zip(positions, parents, strict=True)):
+            own = start + i > 0 and position - 1 >= self.known
+            feature = self._feature(position, parent)
+            if feature is None:
+                if position > 0 and not self.blind:
+                    raise DraftlabError(f"the head has no feature for position {position - 1}")
+                feature = torch.zeros(self.hidden, dtype=self.dtype, device=self.device)
+            elif own and self._first_own is None:
+                self._first_own = start + i
+            feats.append(feature)
+        self._tokens.extend(new_ids)
+        head = self.head
+        ids = torch.tensor([new_ids], device=self.device)
+        features = torch.stack(feats)[None]
+        embeds = head.embed_tokens(ids).to(self.dtype)
+        cos, sin = head.rope(features, torch.tensor([positions], device=self.device))
+        layer = head.layer
+        q, k, v, residual = layer.project(embeds, features, cos, sin)
+        k, v = self._cache.update(k, v, 0)
+        out = layer.finish(q, k, v, mask, residual)[0]
+        self._own = torch.cat([self._own[:start], out])
+        self.forward_calls += 1
+        keep = n if keep is None else min(keep, n)
+        return head.full_logits(out[-keep:], self.lm.vocab_size).float()
+
+    def crop(self, length: int) -> None:
+        self._tree = None
+        if not crop_sequence(self._tokens, self._cache, length):
+            return
+        self._own = self._own[:length]
+        if self._first_own is not None and self._first_own >= length:
+            self._first_own = None

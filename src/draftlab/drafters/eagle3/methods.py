@@ -1,0 +1,22 @@
+"""EAGLE-3's rows of the method table."""
+
+from draftlab.decode.spec import register
+
+BUILD = "draftlab.drafters.eagle3.build"
+
+register(
+    "eagle",
+    "EAGLE",
+    f"{BUILD}:build_eagle",
+    "EAGLE-3 (Li et al. 2025): a one-layer head drafts chains from the target's own hidden states",
+    "head sized",
+    ("gamma", "draft_confidence"),
+)
+register(
+    "eagle-tree",
+    "EAGLE-Tree",
+    f"{BUILD}:build_eagle_tree",
+    "the EAGLE-3 head's dynamic draft tree, expanded by head probability (EAGLE-2)",
+    "head sized tree",
+    ("gamma", "tree_width"),
+)

@@ -1,0 +1,1 @@
+"""The prompt-lookup tree and the draft-model tree merged into one token tree."""

@@ -1,0 +1,1 @@
+"""transformers' own generate(), plain and assisted, as a peer of our loop."""

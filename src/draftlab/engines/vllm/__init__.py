@@ -1,0 +1,1 @@
+"""vLLM's offline LLM API running the same methods (its speculative_config per method)."""

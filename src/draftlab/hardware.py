@@ -1,0 +1,134 @@
+"""The machine a model runs on: CPU identity, the ISA flags that pick kernels, the kernel environment.
+
+Light (no torch at import): profiles, compiled packages and llama.cpp probes key their caches on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+# Every cost fingerprint carries it: bumping it re-measures every cached profile.
+PROFILE_SCHEMA = 4
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+# Environment variables that change which kernels torch picks (and so what a pass costs).
+KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cpu_model_and_flags() -> tuple[str, str, list[str]]:
+    """Model name, identity and ISA flags of the first CPU listed in /proc/cpuinfo.
+
+    The identity (vendor, family, model) matters because virtual machines often report a generic
+    name ("AMD EPYC Processor") for CPUs as different as Zen3 and Zen4."""
+    name, flags = platform.processor() or platform.machine(), []
+    ident: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name, "", flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value and name != value:
+            name = value
+        elif key in ("vendor_id", "cpu family", "model") and key not in ident:
+            ident[key] = value
+        elif key in ("flags", "Features") and not flags:
+            present = set(value.split())
+            flags = [f for f in ISA_FLAGS if f in present]
+        elif not line.strip() and ident:
+            break  # the first processor's block is enough
+    cpu_id = " ".join(
+        part
+        for part in (
+            ident.get("vendor_id", ""),
+            f"family {ident['cpu family']}" if "cpu family" in ident else "",
+            f"model {ident['model']}" if "model" in ident else "",
+        )
+        if part
+    )
+    return name, cpu_id, flags
+
+
+def hardware(device) -> dict:
+    """The processor a model runs on, with what decides its speed."""
+    if str(device).startswith("cuda"):
+        import torch  # noqa: PLC0415 - only for a GPU: CPU figures need no torch
+
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "kind": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "bf16": bool(torch.cuda.is_bf16_supported()),
+        }
+    name, cpu_id, flags = cpu_model_and_flags()
+    return {
+        "kind": "cpu",
+        "name": name,
+        "cpu_id": cpu_id,
+        "isa_flags": effective_isa(flags),
+        "cpu_flags": flags,
+        "cores": os.cpu_count(),
+    }
+
+
+# What each ONEDNN_MAX_CPU_ISA ceiling still lets oneDNN use, of the flags above.
+_ONEDNN_CEILINGS = {
+    "AVX2": {"avx2"},
+    "AVX2_VNNI": {"avx2"},
+    "AVX512_CORE": {"avx2", "avx512f"},
+    "AVX512_CORE_VNNI": {"avx2", "avx512f"},
+    "AVX512_CORE_BF16": {"avx2", "avx512f", "avx512_bf16"},
+    "AVX512_CORE_FP16": {"avx2", "avx512f", "avx512_bf16", "avx512_fp16"},
+    "AVX512_CORE_AMX": {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"},
+}
+
+
+def effective_isa(flags: list[str]) -> list[str]:
+    """The ISA flags torch may use: ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY can hide the newer ones."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    allowed = set(flags)
+    if onednn in _ONEDNN_CEILINGS:
+        allowed &= _ONEDNN_CEILINGS[onednn]
+    elif onednn.startswith(("SSE", "AVX")) and not onednn.startswith("AVX512"):
+        allowed = set()  # SSE4.1 or AVX: older than anything listed
+    if aten == "default":
+        allowed = set()
+    elif aten == "avx2":
+        allowed &= {"avx2"}
+    return [f for f in flags if f in allowed]
+
+
+def supported_dtypes(device) -> list[str]:
+    """The dtypes worth trying on a device: float16 on a CPU only where it has native fp16 units."""
+    hw = hardware(device)
+    if hw["kind"] == "cuda":
+        return ["float16", "bfloat16", "float32"] if hw["bf16"] else ["float16", "float32"]
+    dtypes = ["float32", "bfloat16"]
+    if {"avx512_fp16", "amx_fp16"} & set(hw["isa_flags"]):
+        dtypes.append("float16")
+    return dtypes
+
+
+def kernel_env() -> dict[str, str]:
+    """The variables that change torch's (or llama.cpp's) kernels: part of every cost fingerprint."""
+    return {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
+
+
+def fingerprint_key(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where torch's bfloat16 pays
+    off; elsewhere it is emulated. ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY ceilings count."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(effective_isa(cpu_model_and_flags()[2])))
