@@ -23,6 +23,7 @@ from transformers import (
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env
+from draftlab.models import registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
@@ -110,7 +111,6 @@ class LoadedModel:
 
 def resolve_path(name: str) -> str:
     """A registry name becomes its local folder; anything else is passed through."""
-    from draftlab.models import registry  # noqa: PLC0415 - the registry imports loading too
 
     local = registry.resolve(name)
     return local if local is not None else name
