@@ -28,21 +28,25 @@ class CostModel:
     target: CostCurve
     draft: CostCurve | None = None
     clock: Callable[[], float] = time.perf_counter
+    # A block drafter (DFlash-style) proposes its k tokens in one draft pass over the pending tokens
+    # and k placeholders; a chain drafter (a draft model, an EAGLE head) in k sequential passes.
+    block: bool = False
 
     def verify_ms(self, n: int, context: int) -> float:
         return self.target.forward_ms(n, context)
 
     def draft_ms(self, k: int, context: int, pending: int = 2) -> float:
-        """k draft passes: the first catches up `pending` tokens the draft has not seen yet."""
+        """Drafting k tokens: k passes, the first catching up `pending` tokens the draft has not seen
+        yet; a block drafter's one pass over those and k placeholders."""
         if k <= 0 or self.draft is None:
             return 0.0
+        if self.block:
+            return self._pass_ms(max(pending, 1) + k, context)
+        return self._pass_ms(max(pending, 1), context) + (k - 1) * self.draft.forward_ms(1, context)
+
+    def _pass_ms(self, n: int, context: int) -> float:
         # A long lag (the prompt, with a lazy prefill) costs what a prefill of that length costs.
-        first = (
-            self.draft.prefill(pending)
-            if pending > max(self.draft.sizes)
-            else self.draft.forward_ms(max(pending, 1), context)
-        )
-        return first + (k - 1) * self.draft.forward_ms(1, context)
+        return self.draft.prefill(n) if n > max(self.draft.sizes) else self.draft.forward_ms(n, context)
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
