@@ -77,6 +77,55 @@ if [ "$before" != "$after" ]; then
     echo "llama-cpp-python changed torch/transformers: $before -> $after" >&2
     exit 1
 fi
+
+# llama-server, from the same sdist's vendored llama.cpp, for `--engine llama-server` (its own
+# drafters: n-gram, draft model, EAGLE-3, ...). pip builds the wheel in a temporary tree, so the
+# server is a second cmake tree, building that one target; kept beside the wheel, per CPU.
+#   LLAMA_SERVER=0  skip it
+if [ "${LLAMA_SERVER:-1}" != "0" ]; then
+    server_dir="$cache/llama-server-$version-$cpu_key"
+    if [ ! -x "$server_dir/bin/llama-server" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
+        s_start=$(date +%s)
+        echo "building llama-server (llama.cpp vendored by llama-cpp-python==$version) for this CPU, once;" \
+            "about 5-9 min on 2 cores; kept in $server_dir"
+        mkdir -p "$cache"
+        swork="$(mktemp -d "$cache/.server-XXXXXX")"
+        slog="$swork/build.log"
+        (
+            pip download -q --no-binary :all: --no-deps -d "$swork" "llama-cpp-python==$version" &&
+                tar -xzf "$swork"/llama_cpp_python-"$version".tar.gz -C "$swork" &&
+                cmake -S "$swork/llama_cpp_python-$version/vendor/llama.cpp" -B "$swork/build" -G Ninja \
+                    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
+                    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF &&
+                cmake --build "$swork/build" --target llama-server -j "$CMAKE_BUILD_PARALLEL_LEVEL"
+        ) > "$slog" 2>&1 &
+        sbuild=$!
+        while kill -0 "$sbuild" 2>/dev/null; do
+            sleep 20
+            step="$(grep -o '\[[0-9]*/[0-9]*\]' "$slog" 2>/dev/null | tail -n 1 || true)"
+            echo "  building llama-server: ${step:-fetching and configuring} after $(( $(date +%s) - s_start )) s"
+        done
+        if wait "$sbuild"; then
+            rm -rf "$server_dir"
+            mkdir -p "$server_dir/bin"
+            mv "$swork/build/bin/llama-server" "$server_dir/bin/"
+            # draftlab uses a server built for this CPU only (GGML_NATIVE): these lines name it.
+            (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo) > "$server_dir/cpu.txt" 2>/dev/null || true
+            # The converter that writes our EAGLE-3 head (and drafts) as GGUF for it, with its gguf-py.
+            cp -r "$swork/llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
+                "$swork/llama_cpp_python-$version/vendor/llama.cpp/conversion" \
+                "$swork/llama_cpp_python-$version/vendor/llama.cpp/gguf-py" "$server_dir/" 2>/dev/null || true
+            echo "llama-server built in $(( $(date +%s) - s_start )) s: $server_dir/bin/llama-server"
+        else
+            tail -n 30 "$slog" >&2
+            echo "WARNING: llama-server could not be built (log above); --engine llama-server is unavailable" >&2
+        fi
+        rm -rf "$swork"
+    fi
+    # llama.cpp's converter imports sentencepiece even for BPE tokenizers (our head's conversion).
+    python -c "import sentencepiece" 2>/dev/null || pip install -q sentencepiece
+fi
+
 python - "$(( $(date +%s) - start ))" <<'EOF'
 import sys
 

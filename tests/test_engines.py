@@ -51,11 +51,15 @@ def test_our_methods_map_onto_vllms_speculative_config():
 def test_the_registry_says_which_engine_runs_what():
     assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle1", "eagle3", "mtp"}
     assert set(engines_for(REGISTRY["eagle1"])) == {"vllm"}
-    # Our EAGLE-3 head on our loop, and on vLLM as its eagle3; it reads hidden states llama.cpp keeps.
-    assert set(engines_for(REGISTRY["eagle"])) == {"hf", "vllm"}
+    # Our EAGLE-3 head on our loop, on vLLM as its eagle3 and on llama-server as its draft-eagle3;
+    # llama-cpp-python hands our loop no hidden states.
+    assert set(engines_for(REGISTRY["eagle"])) == {"hf", "vllm", "llama-server"}
     assert set(engines_for(REGISTRY["eagle-tree"])) == {"hf"}
     assert set(engines_for(REGISTRY["bild"])) == {"hf", "llamacpp"}
-    assert set(engines_for(REGISTRY["sps"])) == {"hf", "llamacpp", "vllm"}
+    assert set(engines_for(REGISTRY["sps"])) == {"hf", "llamacpp", "vllm", "llama-server"}
+    # llama-server's own drafters run there only; pld has no llama-server counterpart of its own.
+    assert set(engines_for(REGISTRY["ngram-mod"])) == {"llama-server"}
+    assert "llama-server" not in engines_for(REGISTRY["pld"])
     # transformers' own generate() decodes these: no other engine's model can stand in.
     assert set(engines_for(REGISTRY["hf-assisted"])) == {"hf"}
 

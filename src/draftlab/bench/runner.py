@@ -150,10 +150,14 @@ def run_bench(
     by_id = {e.id: e for e in plan.examples}
     with progress, results_path.open("a", encoding="utf-8") as out:
         task = progress.add_task("", total=todo)
+        last = None
         for variant, example_id, turn, repeat in jobs:
             key = (example_id, turn, repeat)
             if (variant.label, key) in finished:
                 continue
+            if last is not None and last is not variant:
+                _pause(last)
+            last = variant
             example = by_id[example_id]
             progress.update(task, description=f"{example.subtask} · {variant.label}")
             ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
@@ -173,7 +177,16 @@ def run_bench(
             out.flush()
             os.fsync(out.fileno())
             progress.advance(task)
+        if last is not None:
+            _pause(last)
     return results_path
+
+
+def _pause(variant: Variant) -> None:
+    """An engine that runs beside us (a server whose idle threads spin) stops while others run."""
+    pause = getattr(variant._decoder, "pause", None)
+    if pause is not None:
+        pause()
 
 
 def _check_fits(variant: Variant, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -259,6 +272,7 @@ def _warm_up(plan: BenchPlan) -> None:
         ids = encode_prompt(variant.target, example.turns[0], chat=plan.chat)
         for _ in range(plan.warmup):
             variant.decoder.generate(ids, min(plan.max_new_tokens, WARMUP_TOKENS), variant.sampling)
+        _pause(variant)
 
 
 def warm_compiled(

@@ -10,6 +10,9 @@ from rich.console import Console
 from draftlab.bench.runner import Variant, check_contexts, warm_compiled
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.bench_budget import fit_budget
+from draftlab.cli.bench_llama_server import DEFAULT_METHODS as DEFAULT_SERVER_METHODS
+from draftlab.cli.bench_llama_server import SUFFIX as SERVER_SUFFIX
+from draftlab.cli.bench_llama_server import server_variants
 from draftlab.cli.bench_llamacpp import (
     LLAMACPP_SUFFIX,
     default_llamacpp,
@@ -92,7 +95,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     engines = engines_of(args)
     # Named methods must run on every engine asked for; the defaults are each engine's own set.
-    defaults = {"vllm": DEFAULT_VLLM_METHODS, "llamacpp": DEFAULT_LLAMACPP_METHODS}
+    defaults = {
+        "vllm": DEFAULT_VLLM_METHODS,
+        "llamacpp": DEFAULT_LLAMACPP_METHODS,
+        "llama-server": DEFAULT_SERVER_METHODS,
+    }
     chosen = {
         engine: parse_list(
             args.methods if args.methods is not None else defaults.get(engine, default_methods(args)),
@@ -161,6 +168,14 @@ def run(args: argparse.Namespace) -> int:
         baselines.update({v.label: "ar" + LLAMACPP_SUFFIX for v in more})
         if "llamacpp" not in engines:
             extra["engines"] = [*engines, "llamacpp"]
+    server = None
+    if "llama-server" in engines:
+        more, made = server_variants(
+            args, {m: configs[m] for m in chosen["llama-server"]}, target, draft, sampling
+        )
+        variants += more
+        server, extra["llama_server"] = made["pool"], made["record"]
+        baselines.update({v.label: "ar" + SERVER_SUFFIX for v in more})
     pool = None
     if "vllm" in engines:
         dtype = vllm_dtype(args, target, hf)
@@ -187,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
-    with closing(pool):
+    with closing(pool), closing(server):
         return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
 
 

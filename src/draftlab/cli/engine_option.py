@@ -7,6 +7,9 @@ ENGINE_HELP = {
     "vllm": "the same methods through vLLM's offline LLM API",
     "llamacpp": "our loop over the GGUF target run by llama.cpp (default: the default target's own Q4_1 "
     "GGUF), with a .gguf or transformers draft (scripts/install-llamacpp.sh)",
+    "llama-server": "llama.cpp's server, started and stopped by draftlab, one at a time, with its own "
+    "drafters (ngram-mod, ngram-simple, ngram-map-k, ngram-cache; sps: draft-simple with our draft, "
+    "eagle: draft-eagle3 with our head) on the target's BF16 copy (scripts/install-llamacpp.sh builds it)",
 }
 
 

@@ -34,6 +34,7 @@ METHOD_MODULES = (
     "draftlab.engines.hf.methods",
     "draftlab.engines.llamacpp.methods",
     "draftlab.engines.vllm.methods",
+    "draftlab.engines.llama_server.methods",
 )
 FLAGS = ("draft", "head", "plain", "sized", "tree", "lossy")
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from draftlab.decode.spec import MethodSpec
 from draftlab.engines.hf import methods as hf
+from draftlab.engines.llama_server import methods as llama_server
 from draftlab.engines.llamacpp import methods as llamacpp
 from draftlab.engines.vllm import methods as vllm
 
-_ENGINES = {hf.NAME: hf, vllm.NAME: vllm, llamacpp.NAME: llamacpp}
+_ENGINES = {hf.NAME: hf, vllm.NAME: vllm, llamacpp.NAME: llamacpp, llama_server.NAME: llama_server}
 ENGINES = tuple(_ENGINES)
 
 

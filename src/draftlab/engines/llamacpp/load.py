@@ -49,7 +49,7 @@ def load_llamacpp(
     `storage`: a catalogue target's own GGUF, or its weights in another storage (`exported_gguf`).
     """
     llama_cpp = _import_llama_cpp()
-    gguf, tokenizer_source = _locate(name)
+    gguf, tokenizer_source = locate(name)
     if storage != OWN_STORAGE:
         gguf = exported_gguf(name, gguf, storage)
     if tokenizer is None:
@@ -167,7 +167,7 @@ def open_llama(
         raise DraftlabError(f"llama.cpp could not load '{name}' ({gguf}): {first_line(exc)}") from None
 
 
-def _locate(name: str) -> tuple[Path, str | None]:
+def locate(name: str) -> tuple[Path, str | None]:
     """The GGUF file for `name`, and the tokenizer to use with it by default (None: the GGUF's own)."""
     entry = ENTRIES.get(name)
     if entry is not None:

@@ -1,0 +1,97 @@
+"""`draftlab bench --engines ...,llama-server`: llama-server's plain decoding and its drafters, one
+server at a time, beside our loop's variants in the same report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from draftlab.bench.runner import Variant
+from draftlab.cli import llamacpp_engine
+from draftlab.cli.common import head_name
+from draftlab.cli.run_setup import variant_params
+from draftlab.decode.spec import DecoderConfig, method_spec
+from draftlab.engines import counterpart
+from draftlab.engines.llama_server.binary import installed, server_binary
+from draftlab.engines.llama_server.convert import head_gguf
+from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
+from draftlab.engines.llama_server.methods import NAME, NOT_RUN
+from draftlab.engines.llamacpp.export import export_gguf
+from draftlab.engines.llamacpp.load import load_llamacpp, locate
+from draftlab.engines.llamacpp.model import OWN_STORAGE
+from draftlab.errors import DraftlabError
+from draftlab.models.cache import home
+from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
+
+SUFFIX = "@" + NAME
+DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
+# What the server runs a catalogue target from: its BF16 copy, whose verification of several tokens is
+# cheap on CPUs (docs/engines.md), unless --gguf-type names another storage.
+DEFAULT_STORAGE = "bf16"
+
+
+def draft_gguf(name: str, reference: Path) -> Path:
+    """Our transformers draft as a BF16 GGUF for llama-server's draft-simple, written once."""
+    out = home() / "gguf" / f"{Path(name).name}-bf16.gguf"
+    if not out.is_file():
+        Console(stderr=True).print(
+            f"[dim]writing the draft {name} as a bf16 GGUF for llama-server (once): {out}[/]"
+        )
+        export_gguf(load_model(ModelSpec(name, dtype="float32")), out, reference, "bf16")
+    return out
+
+
+def server_variants(
+    args: argparse.Namespace,
+    configs: dict[str, DecoderConfig],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sampling,
+) -> tuple[list[Variant], dict]:
+    binary = server_binary()
+    storage = args.gguf_type if args.gguf_type not in (OWN_STORAGE, "auto") else DEFAULT_STORAGE
+    if target.engine == "llamacpp":
+        gguf = target
+    else:
+        tokenizer = args.tokenizer or target.tokenizer
+        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
+    threads = torch.get_num_threads()
+    pool = ServerPool(
+        binary, Path(gguf.path), threads, gguf.context_length, Path(args.out) / "llama-server.log"
+    )
+    variants = []
+    for method, config in configs.items():
+        kind = counterpart(NAME, method_spec(method))
+        spec_args: list[str] = [] if not kind else ["--spec-type", kind]
+        if kind == "draft-simple":
+            if draft is None:
+                raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
+            spec_args += ["-md", str(draft_gguf(draft.spec.name, locate(target.spec.name)[0]))]
+        elif kind == "draft-eagle3":
+            head = head_name(args)
+            if head is None:
+                raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
+            spec_args += ["-md", str(head_gguf(resolve_path(head), resolve_path(target.spec.name), binary))]
+        params = {
+            **variant_params(args, config),
+            "engine": NAME,
+            "quantization": gguf.spec.dtype,
+            "server_args": spec_args,
+        }
+        decoder = LlamaServerDecoder(pool, spec_args, gguf.tokenizer)
+        variants.append(Variant(method + SUFFIX, config, gguf, None, sampling, params, _decoder=decoder))
+    record = {
+        "binary": str(binary),
+        "model": str(gguf.path),
+        "threads": threads,
+        "n_ctx": gguf.context_length,
+        "not_run": {k: f"needs {v}, which draftlab does not have yet" for k, v in NOT_RUN.items()},
+    }
+    return variants, {"record": record, "pool": pool}
+
+
+def server_installed() -> bool:
+    return installed() and llamacpp_engine.installed()

@@ -1,0 +1,57 @@
+"""Our EAGLE-3 head (speculators format) as a GGUF for llama-server's draft-eagle3, written by
+llama.cpp's own converter (kept beside the server by scripts/install-llamacpp.sh) with the target's
+transformers folder as `--target-model-dir`, once per head."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from draftlab.errors import DraftlabError
+from draftlab.models.cache import home
+
+CONVERT_TIMEOUT_S = 900
+
+
+def converter(server: Path) -> Path:
+    script = server.parent.parent / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise DraftlabError(
+            f"llama.cpp's converter is not beside {server}: run scripts/install-llamacpp.sh again"
+        )
+    return script
+
+
+def head_gguf(head_dir: str, target_dir: str, server: Path) -> Path:
+    out = home() / "gguf" / f"{Path(head_dir).name}-eagle3-bf16.gguf"
+    if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in Path(head_dir).iterdir()):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Console(stderr=True).print(
+        f"[dim]converting the EAGLE-3 head {head_dir} for llama-server (once): {out}[/]"
+    )
+    command = [
+        sys.executable,
+        str(converter(server)),
+        str(head_dir),
+        "--target-model-dir",
+        str(target_dir),
+        "--outtype",
+        "bf16",
+        "--outfile",
+        str(out),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DraftlabError(f"llama.cpp's converter did not finish within {CONVERT_TIMEOUT_S} s") from None
+    if done.returncode != 0 or not out.is_file():
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        out.unlink(missing_ok=True)
+        raise DraftlabError(
+            f"llama.cpp's converter failed on {head_dir}: {lines[-1] if lines else done.returncode}"
+        )
+    return out

@@ -1,0 +1,40 @@
+"""llama-server's own drafters as methods, named as llama.cpp names them, and what the llama-server
+engine runs for each of draftlab's methods (`--spec-type`)."""
+
+from __future__ import annotations
+
+from draftlab.decode.spec import MethodSpec, register
+from draftlab.errors import DraftlabError
+
+NAME = "llama-server"
+# Drafters that need no model beside the target: llama.cpp's n-gram family.
+NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-cache")
+# Our methods -> llama-server's --spec-type ("": plain decoding). sps drafts with our draft model
+# exported to GGUF, eagle with our EAGLE-3 head converted by llama.cpp's converter.
+COUNTERPARTS = {"ar": "", "sps": "draft-simple", "eagle": "draft-eagle3", "eagle3": "draft-eagle3"}
+# Drafters llama-server ships for which draftlab has no model yet: listed in reports, not run.
+NOT_RUN = {
+    "draft-dflash": "a DFlash block drafter",
+    "draft-mtp": "an MTP head",
+    "draft-dspark": "a DSpark drafter",
+}
+
+
+def server_only(config, target, draft, cost):
+    raise DraftlabError(f"method '{config.method}' is llama-server's own drafter: use --engine llama-server")
+
+
+for _name in NGRAM_TYPES:
+    register(
+        _name,
+        _name.upper(),
+        server_only,
+        f"llama-server's {_name} drafter (llama.cpp's n-gram speculation, --spec-type {_name})",
+        engine=NAME,
+    )
+
+
+def counterpart(spec: MethodSpec) -> str | None:
+    if spec.engine == NAME:
+        return spec.name
+    return COUNTERPARTS.get(spec.name)

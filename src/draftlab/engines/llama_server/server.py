@@ -1,0 +1,154 @@
+"""One llama-server process: started on a free port of 127.0.0.1 (never another interface), its log
+kept in a file, ready once `/health` answers, and stopped (its whole process group) on success, on
+error and on Ctrl-C, so that no server is left behind."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from draftlab.errors import DraftlabError
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 180
+_RUNNING: set[LlamaServer] = set()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    def __init__(
+        self, binary: Path, model: Path, args: list[str], threads: int, n_ctx: int, log: Path
+    ) -> None:
+        self.binary, self.model, self.args = binary, model, list(args)
+        self.threads, self.n_ctx, self.log = threads, n_ctx, log
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.start_s = 0.0
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "-t",
+            str(self.threads),
+            "-tb",
+            str(self.threads),
+            "-c",
+            str(self.n_ctx),
+            "-np",
+            "1",
+            "--no-webui",
+            *self.args,
+        ]
+
+    def start(self) -> LlamaServer:
+        t0 = time.perf_counter()
+        self.port = free_port()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as log:
+            log.write(f"\n$ {' '.join(self.command)}\n")
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _RUNNING.add(self)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise DraftlabError(
+                    f"llama-server exited with code {self.process.returncode}: {self._last_log_line()}"
+                )
+            if self._healthy():
+                self.start_s = time.perf_counter() - t0
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise DraftlabError(
+            f"llama-server did not answer /health within {START_TIMEOUT_S} s (log: {self.log})"
+        )
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [
+                line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()
+            ]
+        except OSError:
+            return "(no log)"
+        return lines[-1] if lines else "(empty log)"
+
+    def complete(self, payload: dict, timeout: float = 600) -> dict:
+        """POST /completion; the parsed JSON answer."""
+        if self.process is None or self.process.poll() is not None:
+            raise DraftlabError(f"llama-server is not running: {self._last_log_line()}")
+        request = urllib.request.Request(
+            f"http://{HOST}:{self.port}/completion",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise DraftlabError(
+                f"llama-server refused a request ({exc.code}): {exc.read().decode(errors='replace')[:300]}"
+            ) from None
+        except (urllib.error.URLError, ConnectionError) as exc:
+            raise DraftlabError(f"llama-server stopped answering ({exc}): {self._last_log_line()}") from None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        _RUNNING.discard(self)
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop()
