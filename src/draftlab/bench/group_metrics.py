@@ -47,6 +47,10 @@ def _elementwise_sum(lists: Iterable[list[int]]) -> list[int]:
     return total
 
 
+def _per_round(records: Sequence[Record]) -> bool:
+    return all(r.drafted_per_position or not r.drafted for r in records)
+
+
 def acceptance(records: Sequence[Record]) -> dict:
     """acceptance_rate, α̂ (Leviathan MLE), mean accepted length and per-position acceptance."""
     drafted = sum(r.drafted for r in records)
@@ -63,7 +67,11 @@ def acceptance(records: Sequence[Record]) -> dict:
         "accepted": accepted,
         "rollbacks": rollbacks,
         "acceptance_rate": ratio(accepted, drafted),
-        "alpha_hat": ratio(accepted, accepted + rollbacks) if drafted else None,
+        # Rejections are counted per round; an engine that reports totals only (llama-server, llama.cpp's
+        # own lookup) gives no per-position record, and then no α̂.
+        "alpha_hat": ratio(accepted, accepted + rollbacks)
+        if drafted and (rollbacks or _per_round(records))
+        else None,
         "target_calls": target_calls,
         "rounds": rounds,
         # Tokens per verification round, the target's own token included (vLLM, Spec-Bench): AR is 1.
