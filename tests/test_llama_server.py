@@ -137,14 +137,23 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     assert main(argv) == 0
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     labels = {r["label"] for r in records}
-    assert labels == {"ar@llama-server", "ngram-mod@llama-server", "ngram-simple@llama-server"}
+    drafters = {"ngram-mod@llama-server", "ngram-simple@llama-server"}
+    assert labels == {"ar@llama-server", *drafters, *(d + " default" for d in drafters)}
     assert all(r["params"]["engine"] == "llama-server" for r in records)
-    assert sum(r["drafted"] for r in records if r["label"] != "ar@llama-server") > 0
-    # Interleaved per example, one server at a time: each generation started its method's server.
-    assert (out / "llama-server.log").read_text().count("\n$ ") == len(records)
-    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+    assert sum(r["drafted"] for r in records if r["label"].endswith(" default")) > 0
     run = json.loads((out / "run.json").read_text())
-    assert "draft-dflash" in json.dumps(run)  # listed as available, not run
+    settings = json.dumps(run)
+    assert "draft-dflash" in settings  # listed as available, not run
+    for record in records:
+        if record["label"] in drafters:  # chosen by cost: an n_max measured to pay, or no drafting
+            chosen = record["params"]["server_args"]
+            assert chosen == [] or "--spec-draft-n-max" in chosen
+            assert record["params"]["server_settings"].startswith("chosen by cost")
+            assert (chosen == []) == (record["drafted"] == 0)
+    assert '"tok_s_by_n_max"' in settings and '"plain_tok_s"' in settings
+    # One server at a time, each stopped: none is left.
+    assert (out / "llama-server.log").read_text().count("\n$ ") >= len(records)
+    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
 
 
 def test_a_drafter_of_llama_server_elsewhere_is_a_one_line_error(capsys, tiny_pair):

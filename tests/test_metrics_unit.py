@@ -1139,6 +1139,8 @@ def test_no_alpha_hat_from_an_engine_that_reports_totals_only():
     """llama-server and llama.cpp's own lookup give drafted and accepted totals, not rejections per
     round: α is known, α̂ is not (it would read 1.0)."""
     base = [rec("ar", example_id=e, new_tokens=10, total_s=1.0, decode_s=0.9, target_calls=10) for e in "ab"]
-    totals = [rec(example_id=e, new_tokens=10, total_s=0.8, decode_s=0.7, drafted=8, accepted=3) for e in "ab"]
+    totals = [
+        rec(example_id=e, new_tokens=10, total_s=0.8, decode_s=0.7, drafted=8, accepted=3) for e in "ab"
+    ]
     m = group_metrics(totals, base, resamples=100)
     assert m["acceptance_rate"] == pytest.approx(3 / 8) and m["alpha_hat"] is None

@@ -4,6 +4,7 @@ server at a time, beside our loop's variants in the same report."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -14,23 +15,43 @@ from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import head_name
 from draftlab.cli.run_setup import variant_params
 from draftlab.decode.spec import DecoderConfig, method_spec
+from draftlab.distill.config import package_data
 from draftlab.engines import counterpart
 from draftlab.engines.llama_server.binary import installed, server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
+from draftlab.engines.llama_server.tuning import calibrate, plain_rate
 from draftlab.engines.llamacpp.export import export_gguf
 from draftlab.engines.llamacpp.load import load_llamacpp, locate
 from draftlab.engines.llamacpp.model import OWN_STORAGE
 from draftlab.errors import DraftlabError
+from draftlab.files import read_text_file
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
+from draftlab.models.prompting import encode_prompt
 
 SUFFIX = "@" + NAME
 DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
 # What the server runs a catalogue target from: its BF16 copy, whose verification of several tokens is
 # cheap on CPUs (docs/engines.md), unless --gguf-type names another storage.
 DEFAULT_STORAGE = "bf16"
+DEFAULTS_SUFFIX = " default"  # the same drafter at llama-server's own settings, beside the chosen ones
+CALIBRATION_SUBTASKS = ("translation", "summarization", "qa", "grammar correction")
+CALIBRATION_TOKENS = 48
+
+
+def _calibration_prompts(lm) -> list[list[int]]:
+    """One packaged distillation prompt per subtask of a few kinds (none is in a benchmark suite)."""
+    rows = [
+        json.loads(line)
+        for line in read_text_file(package_data("distill_prompts.jsonl"), "calibration prompts").splitlines()
+        if line
+    ]
+    first = {}
+    for row in rows:
+        first.setdefault(row["category"], row["turns"][0] if "turns" in row else row["prompt"])
+    return [encode_prompt(lm, first[s], chat=True) for s in CALIBRATION_SUBTASKS if s in first]
 
 
 def draft_gguf(name: str, reference: Path) -> Path:
@@ -42,6 +63,14 @@ def draft_gguf(name: str, reference: Path) -> Path:
         )
         export_gguf(load_model(ModelSpec(name, dtype="float32")), out, reference, "bf16")
     return out
+
+
+def _variant(
+    pool, label: str, config, lm, sampling, base: dict, server_args: list[str], settings: str
+) -> Variant:
+    params = {**base, "server_args": server_args, "server_settings": settings}
+    decoder = LlamaServerDecoder(pool, server_args, lm.tokenizer)
+    return Variant(label, config, lm, None, sampling, params, _decoder=decoder)
 
 
 def server_variants(
@@ -63,6 +92,9 @@ def server_variants(
         binary, Path(gguf.path), threads, gguf.context_length, Path(args.out) / "llama-server.log"
     )
     variants = []
+    tuning: dict[str, dict] = {}
+    calibration = _calibration_prompts(gguf) if args.server_settings == "auto" else []
+    plain_tok_s = None
     for method, config in configs.items():
         kind = counterpart(NAME, method_spec(method))
         spec_args: list[str] = [] if not kind else ["--spec-type", kind]
@@ -75,20 +107,43 @@ def server_variants(
             if head is None:
                 raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
             spec_args += ["-md", str(head_gguf(resolve_path(head), resolve_path(target.spec.name), binary))]
-        params = {
-            **variant_params(args, config),
-            "engine": NAME,
-            "quantization": gguf.spec.dtype,
-            "server_args": spec_args,
-        }
-        decoder = LlamaServerDecoder(pool, spec_args, gguf.tokenizer)
-        variants.append(Variant(method + SUFFIX, config, gguf, None, sampling, params, _decoder=decoder))
+        base = {**variant_params(args, config), "engine": NAME, "quantization": gguf.spec.dtype}
+
+        if not kind or not calibration:
+            variants.append(
+                _variant(
+                    pool, method + SUFFIX, config, gguf, sampling, base, spec_args, "llama-server defaults"
+                )
+            )
+            continue
+        if plain_tok_s is None:
+            plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, CALIBRATION_TOKENS)
+        chosen = calibrate(pool, spec_args, gguf.tokenizer, calibration, CALIBRATION_TOKENS, plain_tok_s)
+        tuning[method] = chosen.to_dict()
+        label = "chosen by cost" if chosen.chosen else "chosen by cost: no drafting pays"
+        variants.append(_variant(pool, method + SUFFIX, config, gguf, sampling, base, chosen.chosen, label))
+        variants.append(
+            _variant(
+                pool,
+                method + SUFFIX + DEFAULTS_SUFFIX,
+                config,
+                gguf,
+                sampling,
+                base,
+                spec_args,
+                "llama-server defaults",
+            )
+        )
     record = {
         "binary": str(binary),
         "model": str(gguf.path),
         "threads": threads,
         "n_ctx": gguf.context_length,
         "not_run": {k: f"needs {v}, which draftlab does not have yet" for k, v in NOT_RUN.items()},
+        "settings": tuning,
+        "calibration": f"{len(calibration)} packaged distillation prompts, {CALIBRATION_TOKENS} new tokens each"
+        if calibration
+        else None,
     }
     return variants, {"record": record, "pool": pool}
 

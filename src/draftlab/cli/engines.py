@@ -25,6 +25,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
     add_engine_option(g, ENGINES)
     g.add_argument("--engines", default=None, help="several engines in one run, e.g. hf,vllm or hf,llamacpp")
+    g.add_argument(
+        "--server-settings",
+        choices=("auto", "default"),
+        default="auto",
+        help="llama-server: auto (default) chooses each drafter's --spec-draft-n-max by measured cost on "
+        "calibration prompts (or no drafting where none pays) and runs llama-server's defaults beside it; "
+        "default: its defaults only",
+    )
     add_llamacpp_args(g)
     g.add_argument("--speculator", default=None, help="vllm: the folder of an eagle, eagle3 or mtp head")
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per pipeline stage")
