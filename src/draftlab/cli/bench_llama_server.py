@@ -37,12 +37,11 @@ DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
 # cheap on CPUs (docs/engines.md), unless --gguf-type names another storage.
 DEFAULT_STORAGE = "bf16"
 DEFAULTS_SUFFIX = " default"  # the same drafter at llama-server's own settings, beside the chosen ones
-CALIBRATION_SUBTASKS = ("translation", "summarization", "qa", "grammar correction")
-CALIBRATION_TOKENS = 48
+CALIBRATION_TOKENS = 64  # at most: the run's --max-new-tokens if fewer
 
 
 def _calibration_prompts(lm) -> list[list[int]]:
-    """One packaged distillation prompt per subtask of a few kinds (none is in a benchmark suite)."""
+    """One packaged distillation prompt per subtask (none is in a benchmark suite)."""
     rows = [
         json.loads(line)
         for line in read_text_file(package_data("distill_prompts.jsonl"), "calibration prompts").splitlines()
@@ -51,7 +50,7 @@ def _calibration_prompts(lm) -> list[list[int]]:
     first = {}
     for row in rows:
         first.setdefault(row["category"], row["turns"][0] if "turns" in row else row["prompt"])
-    return [encode_prompt(lm, first[s], chat=True) for s in CALIBRATION_SUBTASKS if s in first]
+    return [encode_prompt(lm, text, chat=True) for text in first.values()]
 
 
 def draft_gguf(name: str, reference: Path) -> Path:
@@ -95,6 +94,7 @@ def server_variants(
     tuning: dict[str, dict] = {}
     calibration = _calibration_prompts(gguf) if args.server_settings == "auto" else []
     plain_tok_s = None
+    tokens = min(args.max_new_tokens, CALIBRATION_TOKENS)
     for method, config in configs.items():
         kind = counterpart(NAME, method_spec(method))
         spec_args: list[str] = [] if not kind else ["--spec-type", kind]
@@ -117,8 +117,8 @@ def server_variants(
             )
             continue
         if plain_tok_s is None:
-            plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, CALIBRATION_TOKENS)
-        chosen = calibrate(pool, spec_args, gguf.tokenizer, calibration, CALIBRATION_TOKENS, plain_tok_s)
+            plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, tokens)
+        chosen = calibrate(pool, spec_args, gguf.tokenizer, calibration, tokens, plain_tok_s)
         tuning[method] = chosen.to_dict()
         label = "chosen by cost" if chosen.chosen else "chosen by cost: no drafting pays"
         variants.append(_variant(pool, method + SUFFIX, config, gguf, sampling, base, chosen.chosen, label))
@@ -141,7 +141,7 @@ def server_variants(
         "n_ctx": gguf.context_length,
         "not_run": {k: f"needs {v}, which draftlab does not have yet" for k, v in NOT_RUN.items()},
         "settings": tuning,
-        "calibration": f"{len(calibration)} packaged distillation prompts, {CALIBRATION_TOKENS} new tokens each"
+        "calibration": f"{len(calibration)} packaged distillation prompts, {tokens} new tokens each"
         if calibration
         else None,
     }
