@@ -110,3 +110,10 @@ def test_a_bug_is_one_line_with_its_traceback_kept(models, capsys, tmp_path, mon
     assert err.startswith("draftlab: internal error: AttributeError") and "\n" not in err, err
     assert "Traceback" not in err and str(tmp_path / "home" / "last-error.txt") in err
     assert "Traceback" in (tmp_path / "home" / "last-error.txt").read_text()
+
+
+def test_an_engine_a_command_cannot_run_is_a_one_line_error(capsys, models):
+    """One --engine option, each command offering only the engines it runs: generate has no vLLM path
+    and no llama-server one (they would have run our loop and recorded another engine's name)."""
+    for engine in ("vllm", "llama-server"):
+        check_error(capsys, gen(models, "--engine", engine), "--engine", engine)

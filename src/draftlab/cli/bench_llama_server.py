@@ -11,13 +11,12 @@ import torch
 from rich.console import Console
 
 from draftlab.bench.runner import Variant
-from draftlab.cli import llamacpp_engine
 from draftlab.cli.common import head_name
 from draftlab.cli.run_setup import variant_params
 from draftlab.decode.spec import DecoderConfig, method_spec
 from draftlab.distill.config import package_data
 from draftlab.engines import counterpart
-from draftlab.engines.llama_server.binary import installed, server_binary
+from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
@@ -146,7 +145,3 @@ def server_variants(
         else None,
     }
     return variants, {"record": record, "pool": pool}
-
-
-def server_installed() -> bool:
-    return installed() and llamacpp_engine.installed()
