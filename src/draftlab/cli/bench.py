@@ -10,8 +10,8 @@ from rich.console import Console
 from draftlab.bench.runner import Variant, check_contexts, warm_compiled
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.bench_budget import fit_budget
-from draftlab.cli.bench_llama_server import DEFAULT_METHODS as DEFAULT_SERVER_METHODS
 from draftlab.cli.bench_llama_server import SUFFIX as SERVER_SUFFIX
+from draftlab.cli.bench_llama_server import default_methods as default_server_methods
 from draftlab.cli.bench_llama_server import server_variants
 from draftlab.cli.bench_llamacpp import (
     LLAMACPP_SUFFIX,
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     defaults = {
         "vllm": DEFAULT_VLLM_METHODS,
         "llamacpp": DEFAULT_LLAMACPP_METHODS,
-        "llama-server": DEFAULT_SERVER_METHODS,
+        "llama-server": default_server_methods(args),
     }
     chosen = {
         engine: parse_list(

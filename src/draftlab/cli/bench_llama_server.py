@@ -32,6 +32,19 @@ from draftlab.models.prompting import encode_prompt
 
 SUFFIX = "@" + NAME
 DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
+
+
+def default_methods(args: argparse.Namespace) -> str:
+    """llama.cpp's n-gram drafters, and our draft (draft-simple) and EAGLE-3 head (draft-eagle3) where
+    they are at hand: the shipped ones for the default target, or --draft and --head."""
+    extra = []
+    if args.target is None or getattr(args, "draft", None):
+        extra.append("sps")
+    if head_name(args):
+        extra.append("eagle")
+    return ",".join([DEFAULT_METHODS, *extra])
+
+
 # What the server runs a catalogue target from: its BF16 copy, whose verification of several tokens is
 # cheap on CPUs (docs/engines.md), unless --gguf-type names another storage.
 DEFAULT_STORAGE = "bf16"
