@@ -11,7 +11,7 @@ import pytest
 
 from draftlab.cli import main
 from draftlab.decode.spec import REGISTRY, DecoderConfig
-from draftlab.engines import engines_for
+from draftlab.engines import counterpart, engines_for
 from draftlab.engines.vllm.config import VLLM_METHODS, EngineArgs, parse_engine_arg, speculative_config
 from draftlab.errors import DraftlabError
 
@@ -60,6 +60,11 @@ def test_the_registry_says_which_engine_runs_what():
     # llama-server's own drafters run there only; pld has no llama-server counterpart of its own.
     assert set(engines_for(REGISTRY["ngram-mod"])) == {"llama-server"}
     assert "llama-server" not in engines_for(REGISTRY["pld"])
+    # A combination, as llama-server combines drafters: our head and its n-gram hash in one server.
+    combined = REGISTRY["eagle+ngram-mod"]
+    assert combined.needs_head and engines_for(combined) == ("llama-server",)
+    assert counterpart("llama-server", combined) == "draft-eagle3,ngram-mod"
+    assert counterpart("llama-server", REGISTRY["eagle"]) == "draft-eagle3"
     # transformers' own generate() decodes these: no other engine's model can stand in.
     assert set(engines_for(REGISTRY["hf-assisted"])) == {"hf"}
 

@@ -41,7 +41,7 @@ def default_methods(args: argparse.Namespace) -> str:
     if args.target is None or getattr(args, "draft", None):
         extra.append("sps")
     if head_name(args):
-        extra.append("eagle")
+        extra += ["eagle", "eagle+ngram-mod"]
     return ",".join([DEFAULT_METHODS, *extra])
 
 
@@ -114,7 +114,7 @@ def server_variants(
             if draft is None:
                 raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
             spec_args += ["-md", str(draft_gguf(draft.spec.name, locate(target.spec.name)[0]))]
-        elif kind == "draft-eagle3":
+        elif kind and "draft-eagle3" in kind.split(","):
             head = head_name(args)
             if head is None:
                 raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")

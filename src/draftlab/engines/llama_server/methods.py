@@ -34,7 +34,23 @@ for _name in NGRAM_TYPES:
     )
 
 
+# Drafters combined as llama-server combines them (comma-separated types): the head's chain, and the
+# n-gram hash where it has a match (llama.cpp gives the draftless type precedence).
+COMBINED = {"eagle+ngram-mod": "draft-eagle3,ngram-mod"}
+for _name, _types in COMBINED.items():
+    register(
+        _name,
+        "EAGLE+NGRAM",
+        server_only,
+        f"llama-server with --spec-type {_types}: our EAGLE-3 head and llama.cpp's n-gram hash together",
+        "head",
+        engine=NAME,
+    )
+
+
 def counterpart(spec: MethodSpec) -> str | None:
+    if spec.name in COMBINED:
+        return COMBINED[spec.name]
     if spec.engine == NAME:
         return spec.name
     return COUNTERPARTS.get(spec.name)
