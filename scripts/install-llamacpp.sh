@@ -37,6 +37,21 @@ cpu_key="$( (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuin
 cache="${DRAFTLAB_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftlab/builds}"
 wheels="$cache/llama-cpp-python-$version-$python_tag-$cpu_key"
 
+# Runs "$@" in the background with its output in log $1, printing ninja's "[done/total]" counter every 20 s.
+watch_build() {
+    local what="$1" log="$2" t0
+    shift 2
+    t0=$(date +%s)
+    "$@" > "$log" 2>&1 &
+    local pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 20
+        step="$(grep -o '\[[0-9]*/[0-9]*\]' "$log" 2>/dev/null | tail -n 1 || true)"
+        echo "  building $what: ${step:-configuring} after $(( $(date +%s) - t0 )) s"
+    done
+    wait "$pid"
+}
+
 start=$(date +%s)
 wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1 || true)"
 if [ -z "$wheel" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
@@ -45,15 +60,7 @@ if [ -z "$wheel" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
     mkdir -p "$cache"
     work="$(mktemp -d "$cache/.build-XXXXXX")"
     log="$work/build.log"
-    pip wheel -v --no-deps --no-cache-dir -w "$work" "llama-cpp-python==$version" > "$log" 2>&1 &
-    build=$!
-    # Progress: ninja's "[done/total]" counter from the build log, every 20 s.
-    while kill -0 "$build" 2>/dev/null; do
-        sleep 20
-        step="$(grep -o '\[[0-9]*/[0-9]*\]' "$log" 2>/dev/null | tail -n 1 || true)"
-        echo "  building llama.cpp: ${step:-configuring} after $(( $(date +%s) - start )) s"
-    done
-    if ! wait "$build"; then
+    if ! watch_build llama.cpp "$log" pip wheel -v --no-deps --no-cache-dir -w "$work" "llama-cpp-python==$version"; then
         tail -n 30 "$log" >&2
         rm -rf "$work"
         if [ -n "${LLAMACPP_OPTIONAL:-}" ]; then
@@ -91,21 +98,15 @@ if [ "${LLAMA_SERVER:-1}" != "0" ]; then
         mkdir -p "$cache"
         swork="$(mktemp -d "$cache/.server-XXXXXX")"
         slog="$swork/build.log"
-        (
+        build_server() {
             pip download -q --no-binary :all: --no-deps -d "$swork" "llama-cpp-python==$version" &&
                 tar -xzf "$swork"/llama_cpp_python-"$version".tar.gz -C "$swork" &&
                 cmake -S "$swork/llama_cpp_python-$version/vendor/llama.cpp" -B "$swork/build" -G Ninja \
                     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
                     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF &&
                 cmake --build "$swork/build" --target llama-server -j "$CMAKE_BUILD_PARALLEL_LEVEL"
-        ) > "$slog" 2>&1 &
-        sbuild=$!
-        while kill -0 "$sbuild" 2>/dev/null; do
-            sleep 20
-            step="$(grep -o '\[[0-9]*/[0-9]*\]' "$slog" 2>/dev/null | tail -n 1 || true)"
-            echo "  building llama-server: ${step:-fetching and configuring} after $(( $(date +%s) - s_start )) s"
-        done
-        if wait "$sbuild"; then
+        }
+        if watch_build llama-server "$slog" build_server; then
             rm -rf "$server_dir"
             mkdir -p "$server_dir/bin"
             mv "$swork/build/bin/llama-server" "$server_dir/bin/"

@@ -160,3 +160,14 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
 def test_a_drafter_of_llama_server_elsewhere_is_a_one_line_error(capsys, tiny_pair):
     target, _ = tiny_pair["llama"]
     check_error(capsys, ["generate", "--target", str(target), "--method", "ngram-mod", "hi"], "ngram-mod")
+
+
+def test_a_drafter_is_kept_only_where_its_measured_gain_clears_the_margin():
+    """The choice from calibration rates alone (any CPU's figures): the fastest n-max if it beats the
+    plain server by MIN_GAIN, else no drafting."""
+    from draftlab.engines.llama_server.tuning import MIN_GAIN, choose_n_max
+
+    plain = 100.0
+    assert choose_n_max({"1": 104.0, "2": 110.0, "4": 90.0}, plain) == "2"
+    assert choose_n_max({"1": 100.0 * MIN_GAIN - 0.01, "8": 99.0}, plain) is None  # a tie is not a gain
+    assert choose_n_max({}, plain) is None

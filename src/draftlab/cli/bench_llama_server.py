@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 
 from draftlab.bench.runner import Variant
+from draftlab.cli.bench_llamacpp import gguf_target
 from draftlab.cli.common import head_name
 from draftlab.cli.run_setup import variant_params
 from draftlab.decode.spec import DecoderConfig, method_spec
@@ -20,15 +21,16 @@ from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
-from draftlab.engines.llama_server.tuning import calibrate, plain_rate
+from draftlab.engines.llama_server.tuning import N_MAX_CANDIDATES, calibrate, plain_rate
 from draftlab.engines.llamacpp.export import export_gguf
-from draftlab.engines.llamacpp.load import load_llamacpp, locate
+from draftlab.engines.llamacpp.load import locate
 from draftlab.engines.llamacpp.model import OWN_STORAGE
 from draftlab.errors import DraftlabError
 from draftlab.files import read_text_file
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
 from draftlab.models.prompting import encode_prompt
+from draftlab.progress import progress_bar
 
 SUFFIX = "@" + NAME
 DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
@@ -93,11 +95,7 @@ def server_variants(
 ) -> tuple[list[Variant], dict]:
     binary = server_binary()
     storage = args.gguf_type if args.gguf_type not in (OWN_STORAGE, "auto") else DEFAULT_STORAGE
-    if target.engine == "llamacpp":
-        gguf = target
-    else:
-        tokenizer = args.tokenizer or target.tokenizer
-        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
+    gguf = gguf_target(args, target, storage)
     threads = torch.get_num_threads()
     pool = ServerPool(
         binary, Path(gguf.path), threads, gguf.context_length, Path(args.out) / "llama-server.log"
@@ -128,9 +126,22 @@ def server_variants(
                 )
             )
             continue
-        if plain_tok_s is None:
-            plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, tokens)
-        chosen = calibrate(pool, spec_args, gguf.tokenizer, calibration, tokens, plain_tok_s)
+        with progress_bar(
+            "[bold]calibrate llama-server[/]", console=Console(stderr=True), disable=args.quiet
+        ) as bar:
+            task = bar.add_task(f"{method}: n-max", total=len(N_MAX_CANDIDATES) + (plain_tok_s is None))
+            if plain_tok_s is None:
+                plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, tokens)
+                bar.advance(task)
+            chosen = calibrate(
+                pool,
+                spec_args,
+                gguf.tokenizer,
+                calibration,
+                tokens,
+                plain_tok_s,
+                on_candidate=lambda: bar.advance(task),  # noqa: B023 - used within this iteration
+            )
         tuning[method] = chosen.to_dict()
         label = "chosen by cost" if chosen.chosen else "chosen by cost: no drafting pays"
         variants.append(_variant(pool, method + SUFFIX, config, gguf, sampling, base, chosen.chosen, label))

@@ -49,6 +49,14 @@ def default_llamacpp(args: argparse.Namespace, engines: list[str], target: Loade
     return ["ar"] if is_llamacpp_source(target.spec.name) else []
 
 
+def gguf_target(args: argparse.Namespace, target, storage: str):
+    """The target as llama.cpp runs it: itself when it is a GGUF, else its catalogue GGUF in `storage`."""
+    if target.engine == "llamacpp":
+        return target
+    tokenizer = args.tokenizer or target.tokenizer
+    return load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
+
+
 def llamacpp_variants(
     args: argparse.Namespace,
     configs: dict[str, DecoderConfig],
@@ -59,11 +67,7 @@ def llamacpp_variants(
     """The methods on llama.cpp: our loop over the GGUF target, with the transformers draft for sps."""
 
     tokenizer = args.tokenizer or target.tokenizer
-    if target.engine == "llamacpp":
-        gguf = target
-    else:
-        storage = llamacpp_engine.resolve_storage(args, target.spec.name)
-        gguf = load_llamacpp(target.spec.name, tokenizer=tokenizer, n_ctx=args.n_ctx, storage=storage)
+    gguf = gguf_target(args, target, llamacpp_engine.resolve_storage(args, target.spec.name))
     variants = []
     costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
     for method, config in configs.items():

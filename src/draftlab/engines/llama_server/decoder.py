@@ -55,7 +55,6 @@ class LlamaServerDecoder:
         self.spec_args = list(spec_args)
         self.tokenizer = tokenizer
         self.request = dict(request or {})  # per-request settings (speculative.n_max, ...)
-        self.sizer = None  # not routed across dtypes: the server runs one file
 
     def pause(self) -> None:
         self.pool.close()

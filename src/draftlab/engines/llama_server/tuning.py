@@ -7,6 +7,7 @@ fields), so each candidate is one server start, untimed; only the requests are t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
@@ -57,16 +58,25 @@ def calibrate(
     max_new_tokens: int,
     plain_tok_s: float,
     candidates: tuple[int, ...] = N_MAX_CANDIDATES,
+    on_candidate: Callable[[], None] | None = None,
 ) -> Calibration:
     """The n_max whose drafting writes the calibration prompts' greedy answers fastest, or none."""
     result = Calibration(plain_tok_s)
-    best, best_rate = None, plain_tok_s * MIN_GAIN
     for n_max in candidates:
         extra = ["--spec-draft-n-max", str(n_max)]
         rate = _rate(LlamaServerDecoder(pool, [*spec_args, *extra], tokenizer), prompts, max_new_tokens)
         result.rates[str(n_max)] = rate
-        if rate > best_rate:
-            best, best_rate = extra, rate
+        if on_candidate is not None:
+            on_candidate()
     pool.close()
-    result.chosen = [*spec_args, *best] if best is not None else []
+    best = choose_n_max(result.rates, plain_tok_s)
+    result.chosen = [*spec_args, "--spec-draft-n-max", best] if best is not None else []
     return result
+
+
+def choose_n_max(rates: dict[str, float], plain_tok_s: float) -> str | None:
+    """The fastest candidate if it beats the plain server by MIN_GAIN; None: drafting does not pay."""
+    if not rates:
+        return None
+    best = max(rates, key=lambda k: rates[k])
+    return best if rates[best] > plain_tok_s * MIN_GAIN else None
