@@ -143,17 +143,86 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     assert all(r["params"]["engine"] == "llama-server" for r in records)
     assert sum(r["drafted"] for r in records if r["label"].endswith(" default")) > 0
     run = json.loads((out / "run.json").read_text())
-    settings = json.dumps(run)
-    assert "draft-dflash" in settings  # listed as available, not run
-    for record in records:
-        if record["label"] in drafters:  # chosen by cost: an n_max measured to pay, or no drafting
-            chosen = record["params"]["server_args"]
-            assert chosen == [] or "--spec-draft-n-max" in chosen
-            assert record["params"]["server_settings"].startswith("chosen by cost")
-            assert (chosen == []) == (record["drafted"] == 0)
-    assert '"tok_s_by_n_max"' in settings and '"plain_tok_s"' in settings
+    assert "draft-dflash" in run["extra"]["llama_server"]["not_run"]  # listed as available, not run
+    settings = run["extra"]["llama_server"]["settings"]
+    # Calibrated for the run's subtasks only, each with its own choice (None: no drafting there).
+    assert set(settings) == {"ngram-mod", "ngram-simple"}
+    for method, data in settings.items():
+        assert set(data["chosen_n_max"]) == {"summarization", "grammar correction"}
+        assert set(data["plain_tok_s"]) == set(data["chosen_n_max"])
+        for record in records:
+            if record["label"] != method + "@llama-server":
+                continue
+            n_max = data["chosen_n_max"][record["subtask"]]
+            used = record["params"]["server_args"]  # what this generation ran with
+            assert used == ([] if n_max is None else ["--spec-type", method, "--spec-draft-n-max", n_max])
+            assert record["params"]["server_settings"] == "chosen by cost per subtask"
+            if n_max is None:
+                assert record["drafted"] == 0
+    # The report says what was chosen and why each drafter wins or loses (its round cost split).
+    report = (out / "report.md").read_text()
+    assert "settings chosen by cost" in report and "cost per round" in report
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = summary["llama_server"]["rounds"]
+    assert rounds["ar@llama-server"]["round_steps"] == pytest.approx(1.0)
+    assert rounds["ngram-mod@llama-server default"]["verify_ms"] > 0
     # One server at a time, each stopped: none is left.
     assert (out / "llama-server.log").read_text().count("\n$ ") >= len(records)
+    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+    # A resumed run keeps the choices it made rather than calibrate again.
+    (out / "results.jsonl").write_text(
+        "".join(line + "\n" for line in (out / "results.jsonl").read_text().splitlines()[:-1])
+    )
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((out / "run.json").read_text())["extra"]["llama_server"]["settings"] == settings
+
+
+@needs_server
+def test_concurrency_sweep_on_llama_server_with_one_slot_per_request(tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "concurrency", "--engine", "llama-server", "--methods", "ar,ngram-simple"]
+    argv += ["--concurrency", "1,2", "--limit", "1", "--subtasks", "summarization"]
+    argv += ["--max-new-tokens", "16", "--out", str(out), *QUIET]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    by_label: dict[str, list[dict]] = {}
+    for r in records:
+        by_label.setdefault(r["label"], []).append(r)
+    assert {k: len(v) for k, v in by_label.items()} == {
+        "ar@llama-server c=1": 1,
+        "ngram-simple@llama-server c=1": 1,
+        "ar@llama-server c=2": 2,
+        "ngram-simple@llama-server c=2": 2,
+    }
+    for group in by_label.values():
+        # A batch's requests share its wall time; each keeps its own latency.
+        assert len({r["params"]["batch_wall_s"] for r in group}) == 1
+        assert all(0 < r["params"]["latency_s"] <= r["params"]["batch_wall_s"] + 1e-6 for r in group)
+    log = (out / "llama-server.log").read_text()
+    assert "-np 2" in log and "-np 1" in log
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["concurrency"]["levels"]["ngram-simple@llama-server"]) == {"1", "2"}
+    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+
+
+@needs_server
+def test_audit_on_llama_server_compares_its_drafters_with_its_own_ar(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    result = tmp_path / "audit.json"
+    argv = ["audit", "--engine", "llama-server", "--methods", "ngram-simple,ngram-mod"]
+    argv += ["--prompts", str(prompts), "--max-new-tokens", "24", "--json", str(result), "--quiet"]
+    code = main(argv)
+    data = json.loads(result.read_text())
+    assert data["engine"] == "llama-server" and data["recheck"] == "q4_1_one_thread"
+    for method in ("ngram-simple", "ngram-mod"):
+        greedy = data["methods"][method]["greedy"]
+        assert greedy["prompts"] == len(PROMPTS)
+        # Every difference was rerun on the Q4_1 copy on one thread, which decides.
+        assert all(d["q4_1_one_thread"] in ("matches", "diverges") for d in greedy["divergences"])
+    assert code == (1 if data["not_lossless"] else 0)
+    assert data["not_lossless"] == [], data["verdict"]
+    assert "lossless" in capsys.readouterr().out
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
 
 

@@ -32,7 +32,16 @@ from draftlab.files import read_text_file
 DEFAULT_SUBTASKS = ("qa", "translation", "summarization", "grammar correction")
 WRONG_RULE = "resample from p after a rejection"
 # The reruns that tell rounding from a defect: (key in the records, what the report calls it).
-RECHECKS = (("float32", "float32"), ("one_thread", "1 thread"))
+RECHECKS = (("float32", "float32"), ("one_thread", "1 thread"), ("q4_1_one_thread", "Q4_1 on 1 thread"))
+# What a difference that a rerun removes was, by the rerun's key.
+ROUNDING = {
+    "float32": "low-precision difference(s), all gone in float32: near-ties that round differently in a "
+    "multi-token pass",
+    "one_thread": "difference(s), all gone on one thread: near-ties where llama.cpp's 1-token and "
+    "multi-token passes round differently",
+    "q4_1_one_thread": "difference(s), all gone with the same file in Q4_1 on one thread, where every pass "
+    "size takes the same kernels: near-ties that the file's own multi-token passes round differently",
+}
 
 
 def default_methods() -> list[str]:
@@ -119,7 +128,7 @@ class MethodAudit:
             key, name = _recheck_of(d)
             if key is not None and d[key] == "matches":
                 rounding += 1
-                kinds.append(name)
+                kinds.append(key)
                 continue
             where = f"prompt {d['prompt']} token {d['position']}: {d['ar_text']!r} vs {d['method_text']!r}"
             if key is not None and d[key] == "diverges":
@@ -131,7 +140,7 @@ class MethodAudit:
             again = [(name, s[f"{key}_p_value"]) for key, name in RECHECKS if f"{key}_p_value" in s]
             if again and again[0][1] >= alpha_per_test:
                 rounding += 1
-                kinds.append(again[0][0])
+                kinds.append(next(key for key, name in RECHECKS if name == again[0][0]))
             else:
                 defects.append(f"sampling (prefix {s['prefix']}: p = {s['p_value']:.2g})")
         if not self.lossless_claim:
@@ -141,16 +150,9 @@ class MethodAudit:
             self.status = "NOT lossless"
             self.reasons = defects
         elif rounding:
-            name = kinds[0]
-            self.status = f"lossless ({name})"
-            how = (
-                "low-precision difference(s), all gone in float32: near-ties that round differently in a "
-                "multi-token pass"
-                if name == "float32"
-                else "difference(s), all gone on one thread: near-ties where llama.cpp's 1-token and "
-                "multi-token passes round differently"
-            )
-            self.reasons = [f"{rounding} {how}"]
+            key = kinds[0]
+            self.status = f"lossless ({dict(RECHECKS)[key]})"
+            self.reasons = [f"{rounding} {ROUNDING[key]}"]
         else:
             self.status = "lossless"
             self.reasons = []

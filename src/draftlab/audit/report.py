@@ -48,7 +48,7 @@ def print_report(console: Console, result: dict, audits, power, prefixes) -> Non
         "method",
         "greedy identical",
         "first divergence",
-        "one-thread recheck" if result["recheck"] == "one_thread" else "float32 recheck",
+        f"{dict(RECHECKS).get(result['recheck'], 'float32')} recheck",
         "sampling p",
         "α",
         "result",

@@ -57,13 +57,13 @@ class Parts:
     one_thread: Callable[[LoadedModel], LoadedModel]
 
 
-def _token_text(lm: LoadedModel, token: int | None) -> str:
+def token_text(lm: LoadedModel, token: int | None) -> str:
     if token is None:
         return "(end)"
     return lm.tokenizer.decode([token])
 
 
-def _logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float | None:
+def logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float | None:
     """logit(a) - logit(b) where ar wrote a and the method b: how near a tie the choice was."""
     if b is None:
         return None
@@ -133,9 +133,9 @@ class Audit:
                     "position": at,
                     "ar_token": want,
                     "method_token": got,
-                    "ar_text": _token_text(target, want),
-                    "method_text": _token_text(target, got),
-                    "logit_gap": _logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
+                    "ar_text": token_text(target, want),
+                    "method_text": token_text(target, got),
+                    "logit_gap": logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
                     recheck or "float32": None,
                 }
                 if recheck and audit.lossless_claim:

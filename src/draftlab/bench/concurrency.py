@@ -1,4 +1,4 @@
-"""Concurrency sweeps: many requests at once through an engine that batches (vLLM).
+"""Concurrency sweeps: many requests at once through an engine that batches (vLLM, llama-server).
 
 At each level c, each variant gets c requests from the suite in one submission (a batch); the
 methods alternate level by level, the baseline first. A request's record keeps honest sums:
@@ -43,7 +43,7 @@ class ConcurrencyPlan:
             if not hasattr(v.decoder, "generate_many"):
                 raise DraftlabError(
                     f"'{v.label}' decodes one request at a time: concurrency needs a batching engine "
-                    "(--engine vllm)"
+                    "(--engine vllm or llama-server)"
                 )
 
     def labels(self) -> list[str]:

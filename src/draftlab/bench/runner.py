@@ -160,6 +160,7 @@ def run_bench(
             last = variant
             example = by_id[example_id]
             progress.update(task, description=f"{example.subtask} · {variant.label}")
+            _tell_example(variant, example)
             ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
             _check_fits(variant, ids, plan.max_new_tokens)  # a later turn: the earlier answers count
             result = variant.decoder.generate(
@@ -187,6 +188,13 @@ def _pause(variant: Variant) -> None:
     pause = getattr(variant._decoder, "pause", None)
     if pause is not None:
         pause()
+
+
+def _tell_example(variant: Variant, example: Example) -> None:
+    """A decoder whose settings follow the kind of task (chosen per subtask) hears of each example."""
+    on_example = getattr(variant.decoder, "on_example", None)
+    if on_example is not None:
+        on_example(example)
 
 
 def _check_fits(variant: Variant, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -350,6 +358,7 @@ def to_record(
         tokens=result.tokens,
         greedy_match=greedy_match,
         draft_params=variant.draft.num_parameters if uses_draft else None,
-        params=variant.params,
+        # A decoder may record settings chosen per generation (per subtask) over the variant's own.
+        params={**variant.params, **s.proposer_info.get("params", {})},
         **s.round_details(),
     )

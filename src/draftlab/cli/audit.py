@@ -21,6 +21,7 @@ from draftlab.audit.checks import MethodAudit, load_prompts, parse_methods, verd
 from draftlab.audit.report import print_report
 from draftlab.audit.runner import Audit, AuditSettings, Parts, versions
 from draftlab.cli import llamacpp_engine
+from draftlab.cli.audit_server import run_server_audit
 from draftlab.cli.common import (
     add_method_args,
     add_model_args,
@@ -45,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "audit",
         help="check that speculation does not change this pair's outputs (greedy and sampling)",
         description="Greedy: each method's tokens against ar's, per prompt (a difference only in bfloat16 "
-        "or float16 is rerun in float32; on llama.cpp, on one thread). Sampling: a chi-square test of 2-token samples against the "
+        "or float16 is rerun in float32; on llama.cpp, on one thread; on llama-server, on the file's Q4_1 copy on one thread). Sampling: a chi-square test of 2-token samples against the "
         "target's exact law, with a deliberately wrong rule as the power check. Exit 0: lossless; "
         "1: a method is not; 2: bad input.",
     )
@@ -74,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
-    llamacpp_engine.add_engine_arg(p)
+    llamacpp_engine.add_engine_arg(p, (*llamacpp_engine.ENGINES, "llama-server"))
     p.set_defaults(max_new_tokens=256, temperature=1.0, func=run)
     for action in p._actions:
         if action.dest == "max_new_tokens":
@@ -138,6 +139,10 @@ class _Bar:
 def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     check_input(args)
+    if args.engine == "llama-server":
+        bar = _Bar(args.quiet)
+        result, audits = run_server_audit(args, load_prompts(args.prompts), bar)
+        return _finish(args, result, audits, None, [])
     methods = parse_methods(args.methods)
     texts = load_prompts(args.prompts)
     needs_draft = [m for m in methods if method_spec(m).needs_draft]
@@ -225,11 +230,15 @@ def run(args: argparse.Namespace) -> int:
         "not_lossless": [a.method for a in audits if a.status == "NOT lossless"],
         "elapsed_s": {"total": elapsed, "greedy": greedy_s, "sampling": sampling_s},
     }
+    return _finish(args, result, audits, power, prefixes)
+
+
+def _finish(args: argparse.Namespace, result: dict, audits, power, prefixes) -> int:
     console = report_console(False)
     print_report(console, result, audits, power, prefixes)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
-    console.print(line, markup=False, highlight=False)
+    console.print(result["verdict"], markup=False, highlight=False)
     return 1 if result["not_lossless"] else 0
 
 

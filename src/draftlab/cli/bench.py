@@ -170,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
             extra["engines"] = [*engines, "llamacpp"]
     server = None
     if "llama-server" in engines:
-        more, made = server_variants(
-            args, {m: configs[m] for m in chosen["llama-server"]}, target, draft, sampling
-        )
+        server_configs = {m: configs[m] for m in chosen["llama-server"]}
+        subtasks = list(dict.fromkeys(e.subtask for e in examples))
+        more, made = server_variants(args, server_configs, target, draft, sampling, subtasks)
         variants += more
         server, extra["llama_server"] = made["pool"], made["record"]
         baselines.update({v.label: "ar" + SERVER_SUFFIX for v in more})

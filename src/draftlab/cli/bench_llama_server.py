@@ -4,15 +4,18 @@ server at a time, beside our loop's variants in the same report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
+from draftlab.bench.records import RUN_FILE
 from draftlab.bench.runner import Variant
 from draftlab.cli.bench_llamacpp import gguf_target
-from draftlab.cli.common import head_name
+from draftlab.cli.common import decoder_config, head_name, machine_profile
 from draftlab.cli.run_setup import variant_params
 from draftlab.decode.spec import DecoderConfig, method_spec
 from draftlab.distill.config import package_data
@@ -21,7 +24,7 @@ from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
-from draftlab.engines.llama_server.tuning import N_MAX_CANDIDATES, calibrate, plain_rate
+from draftlab.engines.llama_server.tuning import N_MAX_CANDIDATES, Calibration, calibrate, plain_rates
 from draftlab.engines.llamacpp.export import export_gguf
 from draftlab.engines.llamacpp.load import locate
 from draftlab.engines.llamacpp.model import OWN_STORAGE
@@ -52,19 +55,41 @@ def default_methods(args: argparse.Namespace) -> str:
 DEFAULT_STORAGE = "bf16"
 DEFAULTS_SUFFIX = " default"  # the same drafter at llama-server's own settings, beside the chosen ones
 CALIBRATION_TOKENS = 64  # at most: the run's --max-new-tokens if fewer
+CALIBRATION_PER_SUBTASK = 2
 
 
-def _calibration_prompts(lm) -> list[list[int]]:
-    """One packaged distillation prompt per subtask (none is in a benchmark suite)."""
+def _calibration_prompts(lm, subtasks: list[str] | None) -> dict[str, list[list[int]]]:
+    """CALIBRATION_PER_SUBTASK packaged distillation prompts per subtask (none is in a benchmark
+    suite), as token ids after the chat template: for the run's subtasks, or for every subtask when
+    the run has none of theirs (a suite of its own: the pooled choice serves it)."""
     rows = [
         json.loads(line)
         for line in read_text_file(package_data("distill_prompts.jsonl"), "calibration prompts").splitlines()
         if line
     ]
-    first = {}
+    wanted = {row["category"] for row in rows} & set(subtasks or [])
+    chosen: dict[str, list[list[int]]] = {}
     for row in rows:
-        first.setdefault(row["category"], row["turns"][0] if "turns" in row else row["prompt"])
-    return [encode_prompt(lm, text, chat=True) for text in first.values()]
+        if wanted and row["category"] not in wanted:
+            continue
+        group = chosen.setdefault(row["category"], [])
+        if len(group) < CALIBRATION_PER_SUBTASK:
+            text = row["turns"][0] if "turns" in row else row["prompt"]
+            group.append(encode_prompt(lm, text, chat=True))
+    return chosen
+
+
+def _earlier_settings(args: argparse.Namespace) -> dict[str, dict]:
+    """The choices a resumed run made before: a resumed run keeps them rather than calibrate again
+    (a second calibration may choose otherwise, and the records so far ran with the first)."""
+    if not getattr(args, "resume", False):
+        return {}
+    path = Path(args.out) / RUN_FILE
+    try:
+        extra = json.loads(path.read_text()).get("extra") or {}
+    except (OSError, ValueError):
+        return {}
+    return (extra.get("llama_server") or {}).get("settings") or {}
 
 
 def draft_gguf(name: str, reference: Path) -> Path:
@@ -76,6 +101,73 @@ def draft_gguf(name: str, reference: Path) -> Path:
         )
         export_gguf(load_model(ModelSpec(name, dtype="float32")), out, reference, "bf16")
     return out
+
+
+def method_server_args(method: str, args: argparse.Namespace, target, draft, binary: Path) -> list[str]:
+    """llama-server's options for a method at its own defaults: the drafter's type, and the GGUF of
+    our draft (draft-simple) or of our EAGLE-3 head (draft-eagle3), written once."""
+    kind = counterpart(NAME, method_spec(method))
+    spec_args: list[str] = [] if not kind else ["--spec-type", kind]
+    if kind == "draft-simple":
+        if draft is None:
+            raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
+        spec_args += ["-md", str(draft_gguf(draft.spec.name, locate(target.spec.name)[0]))]
+    elif kind and "draft-eagle3" in kind.split(","):
+        head = head_name(args)
+        if head is None:
+            raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
+        spec_args += ["-md", str(head_gguf(resolve_path(head), resolve_path(target.spec.name), binary))]
+    return spec_args
+
+
+def server_target(args: argparse.Namespace, target):
+    """The target as the server runs it: its catalogue GGUF in --gguf-type's storage (BF16 unless
+    named), or the .gguf it is."""
+    storage = args.gguf_type if args.gguf_type not in (OWN_STORAGE, "auto") else DEFAULT_STORAGE
+    return gguf_target(args, target, storage)
+
+
+def _pool(args: argparse.Namespace, gguf, binary: Path) -> ServerPool:
+    log = Path(args.out) / "llama-server.log"
+    return ServerPool(binary, Path(gguf.path), torch.get_num_threads(), gguf.context_length, log)
+
+
+def grid_variants(
+    args: argparse.Namespace,
+    methods: list[str],
+    target,
+    draft,
+    sampling,
+    gammas: list[int],
+    p_mins: list[float] | None,
+) -> tuple[list[Variant], ServerPool, dict]:
+    """`draftlab sweep gamma --engine llama-server`: each drafter at each --spec-draft-n-max (γ) and
+    --spec-draft-p-min, beside the plain server, for users who want the whole grid."""
+    binary = server_binary()
+    gguf = server_target(args, target)
+    pool = _pool(args, gguf, binary)
+    plain = decoder_config(args, "ar")
+    base = {"engine": NAME, "quantization": gguf.spec.dtype}
+    variants = [
+        _variant(pool, "ar" + SUFFIX, plain, gguf, sampling, {**variant_params(args, plain), **base}, [], "-")
+    ]
+    for method in methods:
+        spec_args = method_server_args(method, args, target, draft, binary)
+        for gamma in gammas:
+            for p_min in p_mins or [None]:
+                config = decoder_config(args, method, gamma=gamma)
+                extra = ["--spec-draft-n-max", str(gamma)]
+                label = f"{method}{SUFFIX} γ={gamma}"
+                if p_min is not None:
+                    extra += ["--spec-draft-p-min", f"{p_min:g}"]
+                    label += f" p-min={p_min:g}"
+                params = {**variant_params(args, config), **base, "gamma": gamma, "p_min": p_min}
+                variants.append(
+                    _variant(pool, label, config, gguf, sampling, params, [*spec_args, *extra], "grid")
+                )
+    record = {"binary": str(binary), "model": str(gguf.path), "threads": pool.threads}
+    record["cost_curve"] = _cost_curve(gguf)
+    return variants, pool, record
 
 
 def _variant(
@@ -92,31 +184,22 @@ def server_variants(
     target: LoadedModel,
     draft: LoadedModel | None,
     sampling,
+    subtasks: list[str] | None = None,
 ) -> tuple[list[Variant], dict]:
+    """`subtasks`: the run's, which the settings are calibrated for."""
     binary = server_binary()
-    storage = args.gguf_type if args.gguf_type not in (OWN_STORAGE, "auto") else DEFAULT_STORAGE
-    gguf = gguf_target(args, target, storage)
-    threads = torch.get_num_threads()
-    pool = ServerPool(
-        binary, Path(gguf.path), threads, gguf.context_length, Path(args.out) / "llama-server.log"
-    )
+    gguf = server_target(args, target)
+    pool = _pool(args, gguf, binary)
+    threads = pool.threads
     variants = []
     tuning: dict[str, dict] = {}
-    calibration = _calibration_prompts(gguf) if args.server_settings == "auto" else []
-    plain_tok_s = None
+    calibration = _calibration_prompts(gguf, subtasks) if args.server_settings == "auto" else {}
+    earlier = _earlier_settings(args)
+    plain: dict[str, float] | None = None
     tokens = min(args.max_new_tokens, CALIBRATION_TOKENS)
     for method, config in configs.items():
         kind = counterpart(NAME, method_spec(method))
-        spec_args: list[str] = [] if not kind else ["--spec-type", kind]
-        if kind == "draft-simple":
-            if draft is None:
-                raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
-            spec_args += ["-md", str(draft_gguf(draft.spec.name, locate(target.spec.name)[0]))]
-        elif kind and "draft-eagle3" in kind.split(","):
-            head = head_name(args)
-            if head is None:
-                raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
-            spec_args += ["-md", str(head_gguf(resolve_path(head), resolve_path(target.spec.name), binary))]
+        spec_args = method_server_args(method, args, target, draft, binary)
         base = {**variant_params(args, config), "engine": NAME, "quantization": gguf.spec.dtype}
 
         if not kind or not calibration:
@@ -126,25 +209,35 @@ def server_variants(
                 )
             )
             continue
-        with progress_bar(
-            "[bold]calibrate llama-server[/]", console=Console(stderr=True), disable=args.quiet
-        ) as bar:
-            task = bar.add_task(f"{method}: n-max", total=len(N_MAX_CANDIDATES) + (plain_tok_s is None))
-            if plain_tok_s is None:
-                plain_tok_s = plain_rate(pool, gguf.tokenizer, calibration, tokens)
-                bar.advance(task)
-            chosen = calibrate(
-                pool,
-                spec_args,
-                gguf.tokenizer,
-                calibration,
-                tokens,
-                plain_tok_s,
-                on_candidate=lambda: bar.advance(task),  # noqa: B023 - used within this iteration
-            )
+        if method in earlier:
+            chosen = Calibration.from_dict(earlier[method])
+        else:
+            with progress_bar(
+                "[bold]calibrate llama-server[/]", console=Console(stderr=True), disable=args.quiet
+            ) as bar:
+                task = bar.add_task(f"{method}: n-max", total=len(N_MAX_CANDIDATES) + (plain is None))
+                if plain is None:
+                    plain = plain_rates(pool, gguf.tokenizer, calibration, tokens)
+                    bar.advance(task)
+                chosen = calibrate(
+                    pool,
+                    spec_args,
+                    gguf.tokenizer,
+                    calibration,
+                    tokens,
+                    plain,
+                    on_candidate=lambda: bar.advance(task),  # noqa: B023 - used within this iteration
+                )
+                bar.update(task, completed=bar.tasks[task].total)  # candidates past the best: not run
         tuning[method] = chosen.to_dict()
-        label = "chosen by cost" if chosen.chosen else "chosen by cost: no drafting pays"
-        variants.append(_variant(pool, method + SUFFIX, config, gguf, sampling, base, chosen.chosen, label))
+        decoder = LlamaServerDecoder(
+            pool,
+            chosen.server_args(spec_args, None),
+            gguf.tokenizer,
+            per_subtask=functools.partial(chosen.server_args, spec_args),
+        )
+        params = {**base, "server_settings": "chosen by cost per subtask"}
+        variants.append(Variant(method + SUFFIX, config, gguf, None, sampling, params, _decoder=decoder))
         variants.append(
             _variant(
                 pool,
@@ -164,8 +257,16 @@ def server_variants(
         "n_ctx": gguf.context_length,
         "not_run": {k: f"needs {v}, which draftlab does not have yet" for k, v in NOT_RUN.items()},
         "settings": tuning,
-        "calibration": f"{len(calibration)} packaged distillation prompts, {tokens} new tokens each"
+        "calibration": f"{sum(map(len, calibration.values()))} packaged distillation prompts "
+        f"({CALIBRATION_PER_SUBTASK} per subtask), {tokens} new tokens each"
         if calibration
         else None,
+        "cost_curve": _cost_curve(gguf),
     }
     return variants, {"record": record, "pool": pool}
+
+
+def _cost_curve(gguf) -> dict:
+    """The llama.cpp cost curve of the file the server runs (the same ggml kernels), as measured for
+    our loop over it: the report prices each server round's verification with it."""
+    return dataclasses.asdict(machine_profile(gguf).curve)

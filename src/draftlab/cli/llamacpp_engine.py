@@ -28,9 +28,9 @@ AUTO_CANDIDATES = (OWN_STORAGE, "bf16")
 DRAFT_DTYPE = "float32"
 
 
-def add_engine_arg(p: argparse.ArgumentParser) -> None:
+def add_engine_arg(p: argparse.ArgumentParser, engines: tuple[str, ...] = ENGINES) -> None:
     g = p.add_argument_group("engine")
-    add_engine_option(g, ENGINES)
+    add_engine_option(g, engines)
     add_llamacpp_args(g)
 
 

@@ -7,6 +7,9 @@ import dataclasses
 
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli import engines as engine_cli
+from draftlab.cli.bench_llama_server import default_methods as default_server_methods
+from draftlab.cli.bench_llama_server import grid_variants as server_grid
+from draftlab.cli.bench_llama_server import server_variants
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
@@ -43,7 +46,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "kind", choices=KINDS, help="sizing: sps and pld with a fixed k against cost-aware rounds, in one run"
     )
     p.add_argument("--drafts", default=None, help="gamma: comma-separated drafts (default: --draft)")
-    p.add_argument("--gammas", default="1,2,3,4,6,8", help="gamma: values of γ")
+    p.add_argument(
+        "--gammas", default="1,2,3,4,6,8", help="gamma: values of γ (llama-server: --spec-draft-n-max)"
+    )
+    p.add_argument(
+        "--p-mins",
+        default=None,
+        help="gamma on llama-server: values of --spec-draft-p-min, crossed with --gammas (default: its own)",
+    )
     p.add_argument("--fallbacks", default="0.5,0.6,0.7", help="bild: fallback thresholds")
     p.add_argument("--rollbacks", default="3,4,5", help="bild: rollback thresholds")
     p.add_argument(
@@ -56,7 +66,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tree-methods", default=TREE_METHODS, help="tree: the tree methods to sweep")
     p.add_argument("--method", default="sps", help="temperature / ablation: the speculative method")
     p.add_argument("--concurrency", default="1,4,16,64", help="concurrency: requests submitted at once")
-    p.add_argument("--methods", default="ar,pld,sps", help="concurrency: the methods (ar is always run)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="concurrency: the methods (ar is always run; default ar,pld,sps on vllm, llama-server's "
+        "drafters on llama-server)",
+    )
     engine_cli.add_engine_args(p)
     add_run_command_args(p, run, lambda args: "ablation" if args.kind == "ablation" else f"sweep-{args.kind}")
 
@@ -66,12 +81,16 @@ def run(args: argparse.Namespace) -> int:
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):
         args.fixed_k = True
-    if args.kind != "concurrency" and (args.engine != "hf" or args.engines):
+    on_server = args.kind == "gamma" and engine_cli.engines_of(args) == ["llama-server"]
+    if args.kind != "concurrency" and not on_server and (args.engine != "hf" or args.engines):
         raise DraftlabError(
-            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes --engine)"
+            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes --engine vllm or "
+            "llama-server, sweep gamma --engine llama-server)"
         )
     examples = suite_examples(args)
     sampling = sampling_from(args)
+    if on_server:
+        return _server_grid(args, examples, sampling)
     base = decoder_config(args, "ar")
     if args.kind == "gamma":
         gammas = parse_list(args.gammas, int, "gamma")
@@ -199,14 +218,18 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
 def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     """Each method with 1, 4, 16, ... requests submitted at once, through a batching engine."""
     engines = engine_cli.engines_of(args)
-    if engines != ["vllm"]:
+    if engines not in (["vllm"], ["llama-server"]):
         raise DraftlabError(
-            "sweep concurrency needs --engine vllm: the hf engine decodes one request at a time"
+            "sweep concurrency needs --engine vllm or --engine llama-server: the hf engine decodes one "
+            "request at a time"
         )
     levels = parse_list(args.concurrency, int, "concurrency")
     for level in levels:
         if level < 1:
             raise DraftlabError(f"concurrency must be >= 1, got {level}")
+    engine = engines[0]
+    if args.methods is None:
+        args.methods = default_server_methods(args) if engine == "llama-server" else "ar,pld,sps"
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)
@@ -217,6 +240,17 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
     configs = {m: decoder_config(args, m) for m in methods}
     need_draft = any(c.needs_draft for c in configs.values())
     target, draft = engine_cli.load_shells(args, need_draft)
+    if engine == "llama-server":
+        # llama-server's own settings: the choice by cost is made one request at a time, and a busy
+        # server is what this sweep asks about.
+        args.server_settings = "default"
+        variants, made = server_variants(args, configs, target, draft, sampling)
+        extra = {"engines": engines, "llama_server": made["record"], "levels": levels}
+        extra["interleaving"] = "methods alternate level by level (one server at a time, -np = level)"
+        with engine_cli.closing(made["pool"]):
+            return execute(
+                args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels
+            )
     dtype = engine_cli.vllm_dtype(args, target, hf_ran=False)
     variants, pool = engine_cli.vllm_variants(
         args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
@@ -232,6 +266,30 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
         extra["cost_curves"] = curves
     with engine_cli.closing(pool):
         return execute(args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels)
+
+
+def _server_grid(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+    """llama-server's drafters over γ (--spec-draft-n-max) and, with --p-mins, --spec-draft-p-min."""
+    gammas = parse_list(args.gammas, int, "gamma")
+    for gamma in gammas:
+        if gamma < 1:
+            raise DraftlabError(f"gamma must be >= 1, got {gamma}")
+    p_mins = parse_list(args.p_mins, float, "p-min") if args.p_mins else None
+    for p_min in p_mins or []:
+        if not 0 <= p_min <= 1:
+            raise DraftlabError(f"p-min must be in [0, 1], got {p_min}")
+    text = args.methods or default_server_methods(args)
+    methods = [m for m in parse_list(text, str, "method") if m != "ar"]
+    for m in methods:
+        method_spec(m)
+    engine_cli.check_methods(["ar", *methods], ["llama-server"])
+    need_draft = any(method_spec(m).needs_draft for m in methods)
+    target, draft = engine_cli.load_shells(args, need_draft)
+    variants, pool, record = server_grid(args, methods, target, draft, sampling, gammas, p_mins)
+    extra = {"engines": ["llama-server"], "llama_server": record, "gammas": gammas, "p_mins": p_mins}
+    baselines = {v.label: variants[0].label for v in variants}
+    with engine_cli.closing(pool):
+        return execute(args, "sweep-gamma", variants, baselines, target, draft, examples, extra)
 
 
 def cost_curves(target, draft, dtype: str, examples, args: argparse.Namespace, variants) -> dict | None:

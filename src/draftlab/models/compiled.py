@@ -16,10 +16,8 @@ Prompts run eagerly over the same cache; rollback is the cache's `crop`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel
+from draftlab.quiet import quiet_stderr
 
 # inductor's "max-autotune-no-cudagraphs" mode, with frozen (constant-folded, prepacked) weights.
 # Its autotuning tables stay off the terminal (a build's stderr would be pages of them).
@@ -189,7 +188,7 @@ class CompiledSteps:
         not export at 1."""
         lengths, keys, values = ([t.clone() for t in group] for group in _cache_args(cache))
         try:
-            with _quiet_stderr():  # the package's C++ check prints its own "Error:" line
+            with quiet_stderr():  # the package's C++ check prints its own "Error:" line
                 runner(torch.zeros((1, 1), dtype=torch.long, device=self.lm.device), lengths, keys, values)
         except RuntimeError as error:
             raise DraftlabError(
@@ -236,20 +235,6 @@ class CompiledSteps:
         (path.parent / "model.json").write_text(
             json.dumps({"model": self.lm.spec.name, "path": self.lm.path})
         )
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """File descriptor 2 to /dev/null for the block (what C++ code prints there too)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _cache_args(cache: StaticCache) -> tuple[list, list, list]:

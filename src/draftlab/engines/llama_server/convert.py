@@ -12,6 +12,7 @@ from rich.console import Console
 
 from draftlab.errors import DraftlabError
 from draftlab.models.cache import home
+from draftlab.quiet import quiet_stderr
 
 CONVERT_TIMEOUT_S = 900
 
@@ -56,4 +57,29 @@ def head_gguf(head_dir: str, target_dir: str, server: Path, out: Path | None = N
         raise DraftlabError(
             f"llama.cpp's converter failed on {head_dir}: {lines[-1] if lines else done.returncode}"
         )
+    return out
+
+
+def q4_1_copy(gguf: Path) -> Path:
+    """The file quantized to Q4_1 by llama.cpp's own quantizer, once: the audit's recheck file. Its
+    matrix products quantize the activations and take the same dot kernel for a pass of any size,
+    so on one thread a pass of several tokens rounds exactly as one of one token does."""
+    import llama_cpp  # the wheel scripts/install-llamacpp.sh builds; only the audit's recheck needs it
+
+    out = home() / "gguf" / f"{gguf.stem}-q4_1-recheck.gguf"
+    if out.is_file() and out.stat().st_mtime >= gguf.stat().st_mtime:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Console(stderr=True).print(
+        f"[dim]quantizing {gguf.name} to Q4_1 for the audit's recheck (once): {out}[/]"
+    )
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1
+    partial = out.with_suffix(".partial")
+    with quiet_stderr():
+        failed = llama_cpp.llama_model_quantize(str(gguf).encode(), str(partial).encode(), params)
+    if failed:
+        partial.unlink(missing_ok=True)
+        raise DraftlabError(f"llama.cpp could not quantize {gguf} to Q4_1")
+    partial.replace(out)
     return out

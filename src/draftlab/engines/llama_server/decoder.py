@@ -9,6 +9,8 @@ pool stops its server whenever the caller says the engine is idle."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +29,14 @@ class ServerPool:
     current: LlamaServer | None = None
     starts: list[float] = field(default_factory=list)  # seconds each start took (untimed in results)
 
-    def server(self, args: list[str]) -> LlamaServer:
-        if self.current is not None and self.current.args == list(args) and self.current.process is not None:
-            return self.current
+    def server(self, args: list[str], slots: int = 1) -> LlamaServer:
+        current = self.current
+        if current is not None and (current.args, current.slots) == (list(args), slots) and current.process:
+            return current
         self.close()
-        self.current = LlamaServer(self.binary, self.model, args, self.threads, self.n_ctx, self.log).start()
+        self.current = LlamaServer(
+            self.binary, self.model, args, self.threads, self.n_ctx, self.log, slots
+        ).start()
         # Untimed: a fresh server's first request pays for its threads' and buffers' first use.
         self.current.complete(
             {"prompt": [1, 2, 3, 4], "n_predict": 4, "temperature": 0, "cache_prompt": False}
@@ -46,22 +51,65 @@ class ServerPool:
 
 
 class LlamaServerDecoder:
-    """`spec_args`: the server's speculative options for this method (none for plain decoding)."""
+    """`spec_args`: the server's speculative options for this method (none for plain decoding);
+    `per_subtask`, where given, picks them for each example's subtask instead (settings chosen by
+    cost per kind of task)."""
 
     def __init__(
-        self, pool: ServerPool, spec_args: list[str], tokenizer, request: dict | None = None
+        self,
+        pool: ServerPool,
+        spec_args: list[str],
+        tokenizer,
+        request: dict | None = None,
+        per_subtask: Callable[[str | None], list[str]] | None = None,
     ) -> None:
         self.pool = pool
         self.spec_args = list(spec_args)
         self.tokenizer = tokenizer
         self.request = dict(request or {})  # per-request settings (speculative.n_max, ...)
+        self.per_subtask = per_subtask
 
     def pause(self) -> None:
         self.pool.close()
 
+    def on_example(self, example) -> None:
+        """The bench tells each decoder which example comes next: the settings follow its subtask."""
+        if self.per_subtask is not None:
+            self.spec_args = list(self.per_subtask(example.subtask))
+
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
         server = self.pool.server(self.spec_args)
-        payload = {
+        t0 = time.perf_counter()
+        answer = server.complete(self._payload(prompt_ids, max_new_tokens, params))
+        return self._generation(prompt_ids, answer, time.perf_counter() - t0)
+
+    def generate_many(
+        self, prompts: Sequence[list[int]], max_new_tokens: int, params: Sequence[SamplingParams]
+    ) -> list[Generation]:
+        """Every prompt at once, on a server with one slot per prompt (`-np`), which batches them
+        continuously as a deployment does; each request's own wall time and figures, and the
+        batch's wall time (proposer_info) for the concurrency sweep."""
+        server = self.pool.server(self.spec_args, slots=len(prompts))
+
+        def one(job: tuple[list[int], SamplingParams]) -> tuple[dict, float]:
+            ids, sampling = job
+            t0 = time.perf_counter()
+            answer = server.complete(self._payload(ids, max_new_tokens, sampling))
+            return answer, time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            answers = list(pool.map(one, zip(prompts, params, strict=True)))
+        wall = time.perf_counter() - t0
+        generations = []
+        for ids, (answer, request_s) in zip(prompts, answers, strict=True):
+            generation = self._generation(ids, answer, request_s)
+            generation.stats.proposer_info.update(batch_wall_s=wall, requests=len(prompts))
+            generations.append(generation)
+        return generations
+
+    def _payload(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> dict:
+        return {
             "prompt": list(prompt_ids),
             "n_predict": max_new_tokens,
             "temperature": params.temperature,
@@ -73,9 +121,8 @@ class LlamaServerDecoder:
             "return_tokens": True,
             **self.request,
         }
-        t0 = time.perf_counter()
-        answer = server.complete(payload)
-        wall = time.perf_counter() - t0
+
+    def _generation(self, prompt_ids: list[int], answer: dict, wall: float) -> Generation:
         tokens = [int(t) for t in answer.get("tokens") or []]
         timings = answer.get("timings") or {}
         drafted = int(timings.get("draft_n") or 0)
@@ -96,11 +143,12 @@ class LlamaServerDecoder:
         )
         stats.proposer_info.update(
             {
+                "params": {"server_args": list(self.spec_args)},  # what this generation ran with
                 "server": {
                     k: timings[k]
                     for k in ("prompt_ms", "predicted_ms", "prompt_n", "predicted_n")
                     if k in timings
-                }
+                },
             }
         )
         text = (

@@ -30,10 +30,18 @@ def free_port() -> int:
 
 class LlamaServer:
     def __init__(
-        self, binary: Path, model: Path, args: list[str], threads: int, n_ctx: int, log: Path
+        self,
+        binary: Path,
+        model: Path,
+        args: list[str],
+        threads: int,
+        n_ctx: int,
+        log: Path,
+        slots: int = 1,
     ) -> None:
+        """`n_ctx`: each slot's context; `slots`: requests decoded at once (llama-server's -np)."""
         self.binary, self.model, self.args = binary, model, list(args)
-        self.threads, self.n_ctx, self.log = threads, n_ctx, log
+        self.threads, self.n_ctx, self.log, self.slots = threads, n_ctx, log, slots
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.start_s = 0.0
@@ -53,9 +61,10 @@ class LlamaServer:
             "-tb",
             str(self.threads),
             "-c",
-            str(self.n_ctx),
+            str(self.n_ctx * self.slots),  # split evenly: each slot keeps the whole context
             "-np",
-            "1",
+            str(self.slots),
+            "--no-kv-unified",
             "--no-webui",
             *self.args,
         ]

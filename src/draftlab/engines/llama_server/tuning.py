@@ -1,6 +1,10 @@
-"""llama-server's speculative settings chosen by cost: each drafter's `--spec-draft-n-max` measured on
-calibration prompts (the packaged distillation prompts, none of them in the benchmark suites) against
-the plain server, and the fastest kept; where no setting pays, the choice is not to draft.
+"""llama-server's speculative settings chosen by cost, per kind of task: each drafter's
+`--spec-draft-n-max` measured on calibration prompts (the packaged distillation prompts, none of them
+in the benchmark suites, grouped by subtask) against the plain server, and for each subtask the
+fastest setting kept; where no setting pays on a subtask, the choice there is not to draft.
+
+A drafter pays on one kind of task and loses on another (n-grams on summaries versus on open
+questions), so one setting for the whole suite either gives up the first or pays the second.
 
 llama-server takes these settings at start only (this version parses no per-request speculative
 fields), so each candidate is one server start, untimed; only the requests are timed."""
@@ -14,64 +18,104 @@ from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.sampling import SamplingParams
 
 N_MAX_CANDIDATES = (1, 2, 4, 8)
-# A setting must beat the plain server by this much on the calibration prompts, or the drafter is off:
-# the calibration is short, and a drafter that only ties costs its overhead everywhere else.
+# A setting must beat the plain server by this much on a subtask's calibration prompts, or the
+# drafter is off there: the calibration is short, and a drafter that only ties costs its overhead.
 MIN_GAIN = 1.03
+ALL = "*"  # the pooled rates: the choice for a subtask the calibration prompts do not cover
+
+Prompts = dict[str, list[list[int]]]  # subtask -> token ids of its calibration prompts
 
 
 @dataclass
 class Calibration:
-    plain_tok_s: float
-    rates: dict[str, float] = field(default_factory=dict)  # candidate (n_max, as text) -> tokens/s
-    chosen: list[str] = field(default_factory=list)  # the extra server arguments chosen ([]: no drafting)
+    plain: dict[str, float]  # subtask (and ALL) -> the plain server's tokens/s
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # n_max -> subtask -> tokens/s
+    chosen: dict[str, str | None] = field(default_factory=dict)  # subtask -> n_max, None: no drafting
+
+    def server_args(self, spec_args: list[str], subtask: str | None) -> list[str]:
+        """The server's options for a generation of this subtask ([]: plain decoding)."""
+        n_max = self.chosen.get(subtask or ALL, self.chosen.get(ALL))
+        return [*spec_args, "--spec-draft-n-max", n_max] if n_max is not None else []
 
     def to_dict(self) -> dict:
-        best = max(self.rates.values(), default=0.0)
+        """Per subtask; the pooled figures (the choice for subtasks the calibration lacks) apart."""
+
+        def per_subtask(values: dict) -> dict:
+            return {k: round(v, 2) if isinstance(v, float) else v for k, v in values.items() if k != ALL}
+
         return {
-            "plain_tok_s": round(self.plain_tok_s, 2),
-            "tok_s_by_n_max": {k: round(v, 2) for k, v in self.rates.items()},
-            "chosen": self.chosen,
-            "drafting": bool(self.chosen),
-            "best_vs_plain": round(best / self.plain_tok_s, 3) if self.plain_tok_s else None,
+            "plain_tok_s": per_subtask(self.plain),
+            "tok_s_by_n_max": {n: per_subtask(r) for n, r in self.rates.items()},
+            "chosen_n_max": per_subtask(self.chosen),  # null: no drafting on that subtask
+            "pooled": {
+                "plain_tok_s": round(self.plain.get(ALL, 0.0), 2),
+                "tok_s_by_n_max": {n: round(r.get(ALL, 0.0), 2) for n, r in self.rates.items()},
+                "chosen_n_max": self.chosen.get(ALL),
+            },
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        pooled = data["pooled"]
+        plain = {**data["plain_tok_s"], ALL: pooled["plain_tok_s"]}
+        rates = {n: {**r, ALL: pooled["tok_s_by_n_max"][n]} for n, r in data["tok_s_by_n_max"].items()}
+        return cls(plain, rates, {**data["chosen_n_max"], ALL: pooled["chosen_n_max"]})
 
-def _rate(decoder: LlamaServerDecoder, prompts: list[list[int]], max_new_tokens: int) -> float:
-    tokens, seconds = 0, 0.0
-    for ids in prompts:
-        stats = decoder.generate(ids, max_new_tokens, SamplingParams()).stats
-        tokens, seconds = tokens + stats.new_tokens, seconds + stats.total_s
-    return tokens / seconds if seconds > 0 else 0.0
+
+def _rates(decoder: LlamaServerDecoder, prompts: Prompts, max_new_tokens: int) -> dict[str, float]:
+    """Tokens/s per subtask (Σ tokens / Σ seconds) and pooled over all of them (ALL)."""
+    sums: dict[str, list[float]] = {}
+    for subtask, group in prompts.items():
+        for ids in group:
+            stats = decoder.generate(ids, max_new_tokens, SamplingParams()).stats
+            for key in (subtask, ALL):
+                tokens, seconds = sums.setdefault(key, [0.0, 0.0])
+                sums[key] = [tokens + stats.new_tokens, seconds + stats.total_s]
+    return {key: tokens / seconds if seconds > 0 else 0.0 for key, (tokens, seconds) in sums.items()}
 
 
-def plain_rate(pool: ServerPool, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> float:
-    rate = _rate(LlamaServerDecoder(pool, [], tokenizer), prompts, max_new_tokens)
+def plain_rates(pool: ServerPool, tokenizer, prompts: Prompts, max_new_tokens: int) -> dict[str, float]:
+    rates = _rates(LlamaServerDecoder(pool, [], tokenizer), prompts, max_new_tokens)
     pool.close()
-    return rate
+    return rates
 
 
 def calibrate(
     pool: ServerPool,
     spec_args: list[str],
     tokenizer,
-    prompts: list[list[int]],
+    prompts: Prompts,
     max_new_tokens: int,
-    plain_tok_s: float,
+    plain: dict[str, float],
     candidates: tuple[int, ...] = N_MAX_CANDIDATES,
     on_candidate: Callable[[], None] | None = None,
 ) -> Calibration:
-    """The n_max whose drafting writes the calibration prompts' greedy answers fastest, or none."""
-    result = Calibration(plain_tok_s)
+    """Each candidate n_max in ascending order, until one improves on no subtask (a longer draft
+    only adds verification cost once acceptance has run out), then the choice per subtask."""
+    result = Calibration(dict(plain))
     for n_max in candidates:
         extra = ["--spec-draft-n-max", str(n_max)]
-        rate = _rate(LlamaServerDecoder(pool, [*spec_args, *extra], tokenizer), prompts, max_new_tokens)
-        result.rates[str(n_max)] = rate
+        decoder = LlamaServerDecoder(pool, [*spec_args, *extra], tokenizer)
+        rates = _rates(decoder, prompts, max_new_tokens)
+        improved = not result.rates or any(
+            rate > max(r.get(key, 0.0) for r in result.rates.values()) for key, rate in rates.items()
+        )
+        result.rates[str(n_max)] = rates
         if on_candidate is not None:
             on_candidate()
+        if not improved:
+            break
     pool.close()
-    best = choose_n_max(result.rates, plain_tok_s)
-    result.chosen = [*spec_args, "--spec-draft-n-max", best] if best is not None else []
+    result.chosen = choose_per_subtask(result.rates, plain)
     return result
+
+
+def choose_per_subtask(rates: dict[str, dict[str, float]], plain: dict[str, float]) -> dict[str, str | None]:
+    """For each subtask of the plain rates (ALL included), the n_max chosen there."""
+    return {
+        subtask: choose_n_max({n: r[subtask] for n, r in rates.items() if subtask in r}, plain[subtask])
+        for subtask in plain
+    }
 
 
 def choose_n_max(rates: dict[str, float], plain_tok_s: float) -> str | None:

@@ -1,0 +1,82 @@
+"""The audit on llama-server: each of its drafters' greedy tokens against the plain server's on the
+same file, token for token.
+
+A difference is rerun with the same file quantized to Q4_1, on one thread, both the drafter and the
+plain server: there a pass of several tokens takes the same kernels as a pass of one, so a lossless
+drafter must write the plain server's tokens exactly. Matching there means the first difference was
+a near-tie that the file's own multi-token passes round differently (the logit gap, read off the
+same file by llama.cpp in this process, says how near); differing there too means a defect.
+
+Only greedy decoding is audited here: the server samples with its own sampler and seeds, which the
+two-token law check of our loop does not drive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from draftlab.audit.checks import MethodAudit, first_divergence
+from draftlab.audit.runner import GREEDY, Progress, logit_gap, token_text
+
+RECHECK = "q4_1_one_thread"
+
+Generate = Callable[[list[int], int], list[int]]  # prompt ids, new tokens -> greedy tokens
+
+
+@dataclass
+class ServerAudit:
+    max_new_tokens: int
+    bar: Progress
+    decoders: dict  # method (and "ar") -> its LlamaServerDecoder on the file the server runs
+    recheck_decoders: Callable[[], dict]  # the same on the Q4_1 copy, one thread: made on first need
+
+    def __post_init__(self) -> None:
+        self._last = None
+
+    def _tokens(self, decoder, ids: list[int]) -> list[int]:
+        if self._last is not None and self._last.pool is not decoder.pool:
+            self._last.pause()  # one server at a time: the other file's stops first
+        self._last = decoder
+        return decoder.generate(ids, self.max_new_tokens, GREEDY).tokens
+
+    def greedy(self, audits: list[MethodAudit], target, prompts: list[list[int]]) -> None:
+        """`target`: the same file loaded by llama.cpp in this process, for the logit gaps."""
+        rechecks: dict | None = None
+        ar_rechecked: dict[int, list[int]] = {}
+        for i, ids in enumerate(prompts):
+            where = f"greedy · prompt {i + 1}/{len(prompts)}"
+            self.bar.say(f"{where} · ar")
+            ar = self._tokens(self.decoders["ar"], ids)
+            self.bar.step()
+            for audit in audits:
+                self.bar.say(f"{where} · {audit.method}")
+                tokens = self._tokens(self.decoders[audit.method], ids)
+                self.bar.step()
+                audit.greedy_prompts += 1
+                at = first_divergence(ar, tokens)
+                if at is None:
+                    audit.greedy_identical += 1
+                    continue
+                want = ar[at] if at < len(ar) else None
+                got = tokens[at] if at < len(tokens) else None
+                record = {
+                    "prompt": i + 1,
+                    "position": at,
+                    "ar_token": want,
+                    "method_token": got,
+                    "ar_text": token_text(target, want),
+                    "method_text": token_text(target, got),
+                    "logit_gap": logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
+                    RECHECK: None,
+                }
+                if audit.lossless_claim:
+                    rechecks = rechecks or self.recheck_decoders()
+                    self.bar.add(1 + (i not in ar_rechecked))
+                    self.bar.say(f"{where} · Q4_1 one-thread recheck · {audit.method}")
+                    if i not in ar_rechecked:
+                        ar_rechecked[i] = self._tokens(rechecks["ar"], ids)
+                        self.bar.step()
+                    again = self._tokens(rechecks[audit.method], ids)
+                    self.bar.step()
+                    record[RECHECK] = "matches" if again == ar_rechecked[i] else "diverges"
+                audit.divergences.append(record)

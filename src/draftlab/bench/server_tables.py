@@ -1,0 +1,66 @@
+"""llama-server's tables: each drafter's round cost split into verification and drafting, and the
+settings chosen for it per subtask (bench/server_summary.py holds the figures)."""
+
+from __future__ import annotations
+
+from draftlab.bench.formatting import fmt
+from draftlab.bench.table_data import TableData
+
+
+def server_rounds_table(summary: dict) -> TableData | None:
+    section = summary.get("llama_server") or {}
+    rounds = section.get("rounds")
+    if not rounds:
+        return None
+    headers = ["method", "rounds", "tokens/round", "drafted/round", "plain step ms", "round ms"]
+    headers += ["verify ms", "draft ms"]
+    headers += ["round (plain steps)", "verify (steps)", "draft (steps)"]
+    rows = [
+        [
+            label,
+            str(m["rounds"]),
+            fmt(m["tokens_per_round"]),
+            fmt(m["drafted_per_round"]),
+            fmt(m["plain_step_ms"]),
+            fmt(m["round_ms"]),
+            fmt(m["verify_ms"]),
+            fmt(m["draft_ms"]),
+            fmt(m["round_steps"]),
+            fmt(m["verify_steps"]),
+            fmt(m["draft_steps"]),
+        ]
+        for label, m in rounds.items()
+    ]
+    note = (
+        "decode rounds only; plain step: its ar's decode time per token; "
+        "verify: the cost curve's pass of 1 + drafted tokens over its 1-token pass, times the plain step; "
+        "draft: the rest of the round (drafting and the server's bookkeeping); "
+        "speed-up ≈ tokens/round ÷ round (plain steps)"
+    )
+    return TableData("llama-server: cost per round", headers, rows, note)
+
+
+def server_settings_table(summary: dict) -> TableData | None:
+    """Per drafter and subtask: the n-max chosen (with its calibration gain over the plain server),
+    or off where no setting paid."""
+    settings = (summary.get("llama_server") or {}).get("settings")
+    if not settings:
+        return None
+    subtasks = list(dict.fromkeys(s for data in settings.values() for s in data["chosen_n_max"]))
+    rows = []
+    for method, data in settings.items():
+        row = [method]
+        for source, subtask in [*((data, s) for s in subtasks), (data["pooled"], None)]:
+            plain = source["plain_tok_s"].get(subtask) if subtask else source["plain_tok_s"]
+            rates = [r.get(subtask, 0.0) if subtask else r for r in source["tok_s_by_n_max"].values()]
+            n_max = source["chosen_n_max"].get(subtask) if subtask else source["chosen_n_max"]
+            gain = f"{max(rates, default=0.0) / plain:.2f}×" if plain else "-"
+            row.append(f"n-max {n_max} ({gain})" if n_max is not None else f"off (best {gain})")
+        rows.append(row)
+    headers = ["method", *subtasks, "other subtasks (pooled)"]
+    note = (
+        "--spec-draft-n-max chosen on calibration prompts (packaged distillation prompts, none in the "
+        "suite) per subtask; in brackets the best candidate's speed over the plain server there; off: "
+        "no candidate beat it by 3%, so that subtask decodes plainly"
+    )
+    return TableData("llama-server: settings chosen by cost", headers, rows, note)

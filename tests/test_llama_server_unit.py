@@ -1,0 +1,163 @@
+"""llama-server's decisions and figures without a server: the settings chosen per subtask from
+calibration rates, the round cost split from a cost curve, and the audit's judgement of a difference
+from its Q4_1 one-thread rerun (any CPU's figures: these are synthetic)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+from test_metrics_unit import rec, run_info
+
+from draftlab.audit.checks import MethodAudit
+from draftlab.audit.server import RECHECK, ServerAudit
+from draftlab.bench.server_summary import server_section
+from draftlab.bench.server_tables import server_rounds_table, server_settings_table
+from draftlab.decode.stats import Generation, GenerationStats
+from draftlab.engines.llama_server.tuning import ALL, Calibration, choose_per_subtask
+from draftlab.models.cost_curve import CostCurve
+
+SPEC = ["--spec-type", "ngram-mod"]
+
+
+def test_settings_are_chosen_per_subtask_and_off_where_none_pays():
+    plain = {"rag": 100.0, "qa": 100.0, ALL: 100.0}
+    rates = {"2": {"rag": 120.0, "qa": 95.0, ALL: 107.5}, "4": {"rag": 130.0, "qa": 102.0, ALL: 116.0}}
+    chosen = choose_per_subtask(rates, plain)
+    # qa's best (1.02×) does not clear the margin: it decodes plainly; rag drafts 4.
+    assert chosen == {"rag": "4", "qa": None, ALL: "4"}
+    calibration = Calibration(plain, rates, chosen)
+    assert calibration.server_args(SPEC, "rag") == [*SPEC, "--spec-draft-n-max", "4"]
+    assert calibration.server_args(SPEC, "qa") == []
+    # A subtask the calibration prompts lack takes the pooled choice.
+    assert calibration.server_args(SPEC, "translation") == [*SPEC, "--spec-draft-n-max", "4"]
+    # Written to run.json and read back by a resumed run: the same choice.
+    again = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
+    assert again == calibration
+    summary = {"llama_server": {"settings": {"ngram-mod": calibration.to_dict()}}}
+    table = server_settings_table(summary)
+    assert table.headers == ["method", "rag", "qa", "other subtasks (pooled)"]
+    assert table.rows == [["ngram-mod", "n-max 4 (1.30×)", "off (best 1.02×)", "n-max 4 (1.16×)"]]
+
+
+def _curve(ms_per_token: float) -> CostCurve:
+    # A pass of n tokens costs 10 ms + ms_per_token · (n - 1), at every context.
+    sizes = [1, 2, 4, 8]
+    row = [10.0 + ms_per_token * (n - 1) for n in sizes]
+    return CostCurve(sizes, [0, 1024], [row, row], [16], [20.0])
+
+
+def test_a_rounds_cost_splits_into_verification_from_the_curve_and_drafting_from_the_rest():
+    """Plain server: 10 ms a step. The drafter's rounds take 16 ms, draft 3 tokens each (a pass of 4
+    tokens costs 1.3 plain steps on the curve) and write 2.5 tokens: verification 13 ms, drafting
+    3 ms, so 1.6 plain steps for 2.5 tokens, a 1.56× decode speed-up."""
+    server = {"engine": "llama-server"}
+    # 65 tokens: the prompt's pass writes the first, 64 decode steps at 10 ms.
+    plain = [
+        rec(
+            "ar@llama-server",
+            example_id=e,
+            method="ar",
+            new_tokens=65,
+            rounds=65,
+            decode_s=0.64,
+            params=server,
+        )
+        for e in "ab"
+    ]
+    # 66 tokens: the first from the prompt's pass, then 26 rounds of 2.5 tokens at 16 ms.
+    fast = [
+        rec(
+            "ngram-mod@llama-server",
+            example_id=e,
+            method="ngram-mod",
+            new_tokens=66,
+            rounds=27,
+            first_tokens=1,
+            drafted=78,
+            accepted=39,
+            decode_s=26 * 0.016,
+            params=server,
+        )
+        for e in "ab"
+    ]
+    run = run_info(baseline="ar@llama-server", extra={"llama_server": {"cost_curve": asdict(_curve(1.0))}})
+    section = server_section([*plain, *fast], run)
+    m = section["rounds"]["ngram-mod@llama-server"]
+    assert m["rounds"] == 52 and m["drafted_per_round"] == pytest.approx(3.0)
+    assert m["plain_step_ms"] == pytest.approx(10.0)
+    assert m["tokens_per_round"] == pytest.approx(2.5)
+    assert m["verify_ms"] == pytest.approx(13.0) and m["draft_ms"] == pytest.approx(3.0)
+    assert m["round_steps"] == pytest.approx(1.6) and m["verify_steps"] == pytest.approx(1.3)
+    # A dearer verification on another CPU's curve leaves less of the round to drafting.
+    steep = run_info(baseline="ar@llama-server", extra={"llama_server": {"cost_curve": asdict(_curve(2.0))}})
+    assert server_section([*plain, *fast], steep)["rounds"]["ngram-mod@llama-server"]["draft_ms"] == (
+        pytest.approx(0.0)
+    )
+    table = server_rounds_table({"llama_server": section})
+    assert [row[0] for row in table.rows] == ["ar@llama-server", "ngram-mod@llama-server"]
+    # Without a cost curve the settings are still reported, the split is not.
+    assert server_section(plain, run_info(baseline="ar@llama-server"))["rounds"] == {}
+
+
+class _Pool:
+    def close(self) -> None:
+        pass
+
+
+class _Decoder:
+    """Writes fixed tokens, like a server of a given file and drafter would."""
+
+    def __init__(self, tokens: list[int], pool: _Pool) -> None:
+        self.tokens, self.pool, self.paused = tokens, pool, 0
+
+    def generate(self, ids, max_new_tokens, params) -> Generation:
+        return Generation(list(self.tokens), "", GenerationStats(new_tokens=len(self.tokens)))
+
+    def pause(self) -> None:
+        self.paused += 1
+
+
+class _Bar:
+    def add(self, n: int) -> None: ...
+    def say(self, text: str) -> None: ...
+    def step(self) -> None: ...
+
+
+class _Target:
+    """The file as llama.cpp loads it in-process: only its tokenizer is read for texts here."""
+
+    engine = "hf"
+
+    class tokenizer:  # noqa: N801 - stands in for an attribute
+        @staticmethod
+        def decode(ids):
+            return f"<{ids[0]}>"
+
+
+@pytest.mark.parametrize(
+    ("on_q4_1", "status"),
+    [([1, 2, 3], "lossless (Q4_1 on 1 thread)"), ([1, 2, 4], "NOT lossless")],
+)
+def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_matches(
+    on_q4_1, status, monkeypatch
+):
+    """The drafter differs from the plain server at token 1 on the served file. Rerun on the Q4_1
+    copy: matching the plain server there is rounding, differing there too is a defect."""
+    monkeypatch.setattr("draftlab.audit.server.logit_gap", lambda *a: 0.01)
+    served, copy = _Pool(), _Pool()
+    decoders = {"ar": _Decoder([1, 2, 3], served), "ngram-mod": _Decoder([1, 5, 3], served)}
+    made = []
+
+    def rechecks():
+        made.append(1)
+        return {"ar": _Decoder([1, 2, 3], copy), "ngram-mod": _Decoder(on_q4_1, copy)}
+
+    audit = MethodAudit("ngram-mod", lossless_claim=True)
+    ServerAudit(3, _Bar(), decoders, rechecks).greedy([audit], _Target(), [[7, 8]])
+    assert made == [1] and audit.divergences[0]["position"] == 1
+    assert audit.divergences[0][RECHECK] == ("matches" if on_q4_1 == [1, 2, 3] else "diverges")
+    assert audit.judge(1.0) == status
+    # One server at a time: the served file's server stopped before the copy's ran.
+    assert decoders["ngram-mod"].paused == 1
