@@ -148,16 +148,16 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     # Calibrated for the run's subtasks only, each with its own choice (None: no drafting there).
     assert set(settings) == {"ngram-mod", "ngram-simple"}
     for method, data in settings.items():
-        assert set(data["chosen_n_max"]) == {"summarization", "grammar correction"}
-        assert set(data["plain_tok_s"]) == set(data["chosen_n_max"])
+        assert set(data["chosen"]) == {"summarization", "grammar correction"}
+        assert set(data["plain_tok_s"]) == set(data["chosen"])
         for record in records:
             if record["label"] != method + "@llama-server":
                 continue
-            n_max = data["chosen_n_max"][record["subtask"]]
+            setting = data["chosen"][record["subtask"]]
             used = record["params"]["server_args"]  # what this generation ran with
-            assert used == ([] if n_max is None else ["--spec-type", method, "--spec-draft-n-max", n_max])
+            assert used == ([] if setting is None else ["--spec-type", method, *data["settings"][setting]])
             assert record["params"]["server_settings"] == "chosen by cost per subtask"
-            if n_max is None:
+            if setting is None:
                 assert record["drafted"] == 0
     # The report says what was chosen and why each drafter wins or loses (its round cost split).
     report = (out / "report.md").read_text()
@@ -234,9 +234,9 @@ def test_a_drafter_of_llama_server_elsewhere_is_a_one_line_error(capsys, tiny_pa
 def test_a_drafter_is_kept_only_where_its_measured_gain_clears_the_margin():
     """The choice from calibration rates alone (any CPU's figures): the fastest n-max if it beats the
     plain server by MIN_GAIN, else no drafting."""
-    from draftlab.engines.llama_server.tuning import MIN_GAIN, choose_n_max
+    from draftlab.engines.llama_server.tuning import MIN_GAIN, choose_setting
 
     plain = 100.0
-    assert choose_n_max({"1": 104.0, "2": 110.0, "4": 90.0}, plain) == "2"
-    assert choose_n_max({"1": 100.0 * MIN_GAIN - 0.01, "8": 99.0}, plain) is None  # a tie is not a gain
-    assert choose_n_max({}, plain) is None
+    assert choose_setting({"1": 104.0, "2": 110.0, "4": 90.0}, plain) == "2"
+    assert choose_setting({"1": 100.0 * MIN_GAIN - 0.01, "8": 99.0}, plain) is None  # a tie is not a gain
+    assert choose_setting({}, plain) is None

@@ -15,7 +15,14 @@ from draftlab.audit.server import RECHECK, ServerAudit
 from draftlab.bench.server_summary import server_section
 from draftlab.bench.server_tables import server_rounds_table, server_settings_table
 from draftlab.decode.stats import Generation, GenerationStats
-from draftlab.engines.llama_server.tuning import ALL, Calibration, choose_per_subtask
+from draftlab.engines.llama_server.tuning import (
+    ALL,
+    CANDIDATES,
+    Calibration,
+    candidates_for,
+    choose_per_subtask,
+    length_args,
+)
 from draftlab.models.cost_curve import CostCurve
 
 SPEC = ["--spec-type", "ngram-mod"]
@@ -23,22 +30,47 @@ SPEC = ["--spec-type", "ngram-mod"]
 
 def test_settings_are_chosen_per_subtask_and_off_where_none_pays():
     plain = {"rag": 100.0, "qa": 100.0, ALL: 100.0}
-    rates = {"2": {"rag": 120.0, "qa": 95.0, ALL: 107.5}, "4": {"rag": 130.0, "qa": 102.0, ALL: 116.0}}
+    rates = {
+        "n 1-4": {"rag": 120.0, "qa": 95.0, ALL: 107.5},
+        "n 4-16": {"rag": 130.0, "qa": 102.0, ALL: 116.0},
+    }
+    options = {label: CANDIDATES["ngram-mod"][label] for label in rates}
     chosen = choose_per_subtask(rates, plain)
-    # qa's best (1.02×) does not clear the margin: it decodes plainly; rag drafts 4.
-    assert chosen == {"rag": "4", "qa": None, ALL: "4"}
-    calibration = Calibration(plain, rates, chosen)
-    assert calibration.server_args(SPEC, "rag") == [*SPEC, "--spec-draft-n-max", "4"]
+    # qa's best (1.02×) does not clear the margin: it decodes plainly; rag drafts up to 16.
+    assert chosen == {"rag": "n 4-16", "qa": None, ALL: "n 4-16"}
+    calibration = Calibration(plain, rates, chosen, options)
+    longer = ["--spec-ngram-mod-n-min", "4", "--spec-ngram-mod-n-max", "16"]
+    assert calibration.server_args(SPEC, "rag") == [*SPEC, *longer]
     assert calibration.server_args(SPEC, "qa") == []
     # A subtask the calibration prompts lack takes the pooled choice.
-    assert calibration.server_args(SPEC, "translation") == [*SPEC, "--spec-draft-n-max", "4"]
+    assert calibration.server_args(SPEC, "translation") == [*SPEC, *longer]
     # Written to run.json and read back by a resumed run: the same choice.
     again = Calibration.from_dict(json.loads(json.dumps(calibration.to_dict())))
     assert again == calibration
     summary = {"llama_server": {"settings": {"ngram-mod": calibration.to_dict()}}}
     table = server_settings_table(summary)
     assert table.headers == ["method", "rag", "qa", "other subtasks (pooled)"]
-    assert table.rows == [["ngram-mod", "n-max 4 (1.30×)", "off (best 1.02×)", "n-max 4 (1.16×)"]]
+    assert table.rows == [["ngram-mod", "n 4-16 (1.30×)", "off (best 1.02×)", "n 4-16 (1.16×)"]]
+
+
+def test_each_drafter_is_tuned_by_its_own_length_knob_and_its_default_is_a_candidate():
+    """llama.cpp caps a draft model's chain with --spec-draft-n-max but each n-gram drafter with its
+    own setting (common/speculative.cpp); --spec-draft-n-max does nothing to them."""
+    assert length_args("draft-eagle3", 3) == ["--spec-draft-n-max", "3"]
+    assert length_args("draft-eagle3,ngram-mod", 2) == ["--spec-draft-n-max", "2"]
+    assert length_args("ngram-simple", 16) == ["--spec-ngram-simple-size-m", "16"]
+    assert length_args("ngram-mod", 8) == ["--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", "8"]
+    assert length_args("ngram-cache", 4) is None  # a fixed 8 tokens
+    assert candidates_for("draft-simple") is CANDIDATES["draft"]
+    assert candidates_for("draft-eagle3,ngram-mod") is CANDIDATES["draft"]
+    assert candidates_for("ngram-cache") == {"on": []}
+    # llama-server's defaults are among the candidates: draft n-max 3, ngram-mod 48-64, size-m 48.
+    assert ["--spec-draft-n-max", "3"] in CANDIDATES["draft"].values()
+    assert ["--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"] in CANDIDATES[
+        "ngram-mod"
+    ].values()
+    for kind in ("ngram-simple", "ngram-map-k"):
+        assert [f"--spec-{kind}-size-m", "48"] in CANDIDATES[kind].values()
 
 
 def _curve(ms_per_token: float) -> CostCurve:

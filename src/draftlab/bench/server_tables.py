@@ -41,26 +41,26 @@ def server_rounds_table(summary: dict) -> TableData | None:
 
 
 def server_settings_table(summary: dict) -> TableData | None:
-    """Per drafter and subtask: the n-max chosen (with its calibration gain over the plain server),
+    """Per drafter and subtask: the setting chosen (with its calibration gain over the plain server),
     or off where no setting paid."""
     settings = (summary.get("llama_server") or {}).get("settings")
     if not settings:
         return None
-    subtasks = list(dict.fromkeys(s for data in settings.values() for s in data["chosen_n_max"]))
+    subtasks = list(dict.fromkeys(s for data in settings.values() for s in data["chosen"]))
     rows = []
     for method, data in settings.items():
         row = [method]
         for source, subtask in [*((data, s) for s in subtasks), (data["pooled"], None)]:
             plain = source["plain_tok_s"].get(subtask) if subtask else source["plain_tok_s"]
-            rates = [r.get(subtask, 0.0) if subtask else r for r in source["tok_s_by_n_max"].values()]
-            n_max = source["chosen_n_max"].get(subtask) if subtask else source["chosen_n_max"]
+            rates = [r.get(subtask, 0.0) if subtask else r for r in source["tok_s_by_setting"].values()]
+            setting = source["chosen"].get(subtask) if subtask else source["chosen"]
             gain = f"{max(rates, default=0.0) / plain:.2f}×" if plain else "-"
-            row.append(f"n-max {n_max} ({gain})" if n_max is not None else f"off (best {gain})")
+            row.append(f"{setting} ({gain})" if setting is not None else f"off (best {gain})")
         rows.append(row)
     headers = ["method", *subtasks, "other subtasks (pooled)"]
     note = (
-        "--spec-draft-n-max chosen on calibration prompts (packaged distillation prompts, none in the "
-        "suite) per subtask; in brackets the best candidate's speed over the plain server there; off: "
-        "no candidate beat it by 3%, so that subtask decodes plainly"
+        "each drafter's length setting chosen per subtask on calibration prompts the run does not "
+        "measure (run.json names them); in brackets the best candidate's speed over the plain server "
+        "there; off: no candidate beat it by 3%, so that subtask decodes plainly"
     )
     return TableData("llama-server: settings chosen by cost", headers, rows, note)

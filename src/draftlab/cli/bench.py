@@ -10,9 +10,9 @@ from rich.console import Console
 from draftlab.bench.runner import Variant, check_contexts, warm_compiled
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.bench_budget import fit_budget
+from draftlab.cli.bench_llama_server import CALIBRATION_PER_SUBTASK, server_variants
 from draftlab.cli.bench_llama_server import SUFFIX as SERVER_SUFFIX
 from draftlab.cli.bench_llama_server import default_methods as default_server_methods
-from draftlab.cli.bench_llama_server import server_variants
 from draftlab.cli.bench_llamacpp import (
     LLAMACPP_SUFFIX,
     default_llamacpp,
@@ -44,6 +44,7 @@ from draftlab.cli.engines import (
 from draftlab.cli.run_setup import (
     add_run_command_args,
     execute,
+    held_out_examples,
     parse_list,
     suite_examples,
     variant_params,
@@ -172,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     if "llama-server" in engines:
         server_configs = {m: configs[m] for m in chosen["llama-server"]}
         subtasks = list(dict.fromkeys(e.subtask for e in examples))
-        more, made = server_variants(args, server_configs, target, draft, sampling, subtasks)
+        held_out = held_out_examples(args, examples, CALIBRATION_PER_SUBTASK)
+        more, made = server_variants(args, server_configs, target, draft, sampling, subtasks, held_out)
         variants += more
         server, extra["llama_server"] = made["pool"], made["record"]
         baselines.update({v.label: "ar" + SERVER_SUFFIX for v in more})

@@ -24,7 +24,13 @@ from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
-from draftlab.engines.llama_server.tuning import N_MAX_CANDIDATES, Calibration, calibrate, plain_rates
+from draftlab.engines.llama_server.tuning import (
+    Calibration,
+    calibrate,
+    candidates_for,
+    length_args,
+    plain_rates,
+)
 from draftlab.engines.llamacpp.export import export_gguf
 from draftlab.engines.llamacpp.load import locate
 from draftlab.engines.llamacpp.model import OWN_STORAGE
@@ -58,25 +64,35 @@ CALIBRATION_TOKENS = 64  # at most: the run's --max-new-tokens if fewer
 CALIBRATION_PER_SUBTASK = 2
 
 
-def _calibration_prompts(lm, subtasks: list[str] | None) -> dict[str, list[list[int]]]:
-    """CALIBRATION_PER_SUBTASK packaged distillation prompts per subtask (none is in a benchmark
-    suite), as token ids after the chat template: for the run's subtasks, or for every subtask when
-    the run has none of theirs (a suite of its own: the pooled choice serves it)."""
+def _calibration_prompts(lm, subtasks: list[str], held_out: list) -> tuple[dict[str, list[list[int]]], str]:
+    """CALIBRATION_PER_SUBTASK prompts per subtask, as token ids after the chat template, and where
+    they came from: the suite's own held-out examples of that subtask (the run measures none of
+    them), else packaged distillation prompts of its category (none is in a benchmark suite); for
+    a run whose subtasks have neither, distillation prompts of every category (the pooled choice
+    serves it)."""
+    chosen: dict[str, list[list[int]]] = {}
+    for example in held_out:
+        chosen.setdefault(example.subtask, []).append(encode_prompt(lm, example.turns[0], chat=True))
     rows = [
         json.loads(line)
         for line in read_text_file(package_data("distill_prompts.jsonl"), "calibration prompts").splitlines()
         if line
     ]
-    wanted = {row["category"] for row in rows} & set(subtasks or [])
-    chosen: dict[str, list[list[int]]] = {}
+    categories = {row["category"] for row in rows}
+    wanted = {s for s in subtasks if s not in chosen} & categories
+    if not chosen and not wanted:
+        wanted = categories
     for row in rows:
-        if wanted and row["category"] not in wanted:
+        if row["category"] not in wanted:
             continue
         group = chosen.setdefault(row["category"], [])
         if len(group) < CALIBRATION_PER_SUBTASK:
             text = row["turns"][0] if "turns" in row else row["prompt"]
             group.append(encode_prompt(lm, text, chat=True))
-    return chosen
+    where = "the suite's held-out examples" if held_out else "packaged distillation prompts"
+    if held_out and wanted:
+        where += f" (distillation prompts for {', '.join(sorted(wanted))})"
+    return chosen, where
 
 
 def _earlier_settings(args: argparse.Namespace) -> dict[str, dict]:
@@ -141,8 +157,9 @@ def grid_variants(
     gammas: list[int],
     p_mins: list[float] | None,
 ) -> tuple[list[Variant], ServerPool, dict]:
-    """`draftlab sweep gamma --engine llama-server`: each drafter at each --spec-draft-n-max (γ) and
-    --spec-draft-p-min, beside the plain server, for users who want the whole grid."""
+    """`draftlab sweep gamma --engine llama-server`: each drafter with its drafts capped at γ tokens
+    (its own knob: tuning.length_args) and, for a draft model or head, at each --spec-draft-p-min,
+    beside the plain server, for users who want the whole grid."""
     binary = server_binary()
     gguf = server_target(args, target)
     pool = _pool(args, gguf, binary)
@@ -153,11 +170,14 @@ def grid_variants(
     ]
     for method in methods:
         spec_args = method_server_args(method, args, target, draft, binary)
+        kind = counterpart(NAME, method_spec(method))
+        takes_p_min = "draft-" in kind
         for gamma in gammas:
-            for p_min in p_mins or [None]:
+            length = length_args(kind, gamma)
+            for p_min in p_mins if takes_p_min and p_mins else [None]:
                 config = decoder_config(args, method, gamma=gamma)
-                extra = ["--spec-draft-n-max", str(gamma)]
-                label = f"{method}{SUFFIX} γ={gamma}"
+                extra = [*(length or [])]
+                label = f"{method}{SUFFIX}" + (f" γ={gamma}" if length is not None else " (fixed 8)")
                 if p_min is not None:
                     extra += ["--spec-draft-p-min", f"{p_min:g}"]
                     label += f" p-min={p_min:g}"
@@ -165,6 +185,8 @@ def grid_variants(
                 variants.append(
                     _variant(pool, label, config, gguf, sampling, params, [*spec_args, *extra], "grid")
                 )
+            if length is None:
+                break  # ngram-cache drafts a fixed 8 tokens: one variant
     record = {"binary": str(binary), "model": str(gguf.path), "threads": pool.threads}
     record["cost_curve"] = _cost_curve(gguf)
     return variants, pool, record
@@ -185,15 +207,21 @@ def server_variants(
     draft: LoadedModel | None,
     sampling,
     subtasks: list[str] | None = None,
+    held_out: list | None = None,
 ) -> tuple[list[Variant], dict]:
-    """`subtasks`: the run's, which the settings are calibrated for."""
+    """`subtasks`: the run's, which the settings are calibrated for; `held_out`: examples of the
+    suite the run does not measure, to calibrate on."""
     binary = server_binary()
     gguf = server_target(args, target)
     pool = _pool(args, gguf, binary)
     threads = pool.threads
     variants = []
     tuning: dict[str, dict] = {}
-    calibration = _calibration_prompts(gguf, subtasks) if args.server_settings == "auto" else {}
+    calibration, source = (
+        _calibration_prompts(gguf, subtasks or [], held_out or [])
+        if args.server_settings == "auto"
+        else ({}, "")
+    )
     earlier = _earlier_settings(args)
     plain: dict[str, float] | None = None
     tokens = min(args.max_new_tokens, CALIBRATION_TOKENS)
@@ -215,7 +243,8 @@ def server_variants(
             with progress_bar(
                 "[bold]calibrate llama-server[/]", console=Console(stderr=True), disable=args.quiet
             ) as bar:
-                task = bar.add_task(f"{method}: n-max", total=len(N_MAX_CANDIDATES) + (plain is None))
+                candidates = candidates_for(kind)
+                task = bar.add_task(f"{method}: settings", total=len(candidates) + (plain is None))
                 if plain is None:
                     plain = plain_rates(pool, gguf.tokenizer, calibration, tokens)
                     bar.advance(task)
@@ -226,6 +255,7 @@ def server_variants(
                     calibration,
                     tokens,
                     plain,
+                    candidates,
                     on_candidate=lambda: bar.advance(task),  # noqa: B023 - used within this iteration
                 )
                 bar.update(task, completed=bar.tasks[task].total)  # candidates past the best: not run
@@ -257,8 +287,8 @@ def server_variants(
         "n_ctx": gguf.context_length,
         "not_run": {k: f"needs {v}, which draftlab does not have yet" for k, v in NOT_RUN.items()},
         "settings": tuning,
-        "calibration": f"{sum(map(len, calibration.values()))} packaged distillation prompts "
-        f"({CALIBRATION_PER_SUBTASK} per subtask), {tokens} new tokens each"
+        "calibration": f"{sum(map(len, calibration.values()))} prompts ({CALIBRATION_PER_SUBTASK} per "
+        f"subtask) from {source}, {tokens} new tokens each"
         if calibration
         else None,
         "cost_curve": _cost_curve(gguf),

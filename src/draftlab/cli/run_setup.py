@@ -168,6 +168,21 @@ def suite_examples(args: argparse.Namespace):
     )
 
 
+def held_out_examples(args: argparse.Namespace, run: list, per_subtask: int) -> list:
+    """The suite's last `per_subtask` examples of each of the run's subtasks that the run leaves out:
+    prompts of the same kind as the measured ones, none of them measured (for choosing settings).
+    None for a Hugging Face suite (its whole split is not read for this) or where none is left out."""
+    if args.suite.startswith("hf:"):
+        return []
+    subtasks = list(dict.fromkeys(e.subtask for e in run))
+    measured = {e.id for e in run}
+    rest = [e for e in load_suite(args.suite, subtasks, None) if e.id not in measured]
+    chosen = []
+    for subtask in subtasks:
+        chosen += [e for e in rest if e.subtask == subtask][-per_subtask:]
+    return chosen
+
+
 def variant_params(args: argparse.Namespace, config, **extra) -> dict:
     params = {
         **config.settings(),
