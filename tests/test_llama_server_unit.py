@@ -169,15 +169,22 @@ class _Target:
 
 
 @pytest.mark.parametrize(
-    ("on_q4_1", "status"),
-    [([1, 2, 3], "lossless (Q4_1 on 1 thread)"), ([1, 2, 4], "NOT lossless")],
+    ("on_q4_1", "one_pass", "verdict", "status"),
+    [
+        ([1, 2, 3], None, "matches", "lossless (Q4_1 on 1 thread)"),
+        # Differs on Q4_1 too, but its token is the target's own when the prefix is one pass: rounding.
+        ([1, 2, 4], 4, "in a pass", "lossless (Q4_1 on 1 thread)"),
+        ([1, 2, 4], 3, "diverges", "NOT lossless"),
+    ],
 )
-def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_matches(
-    on_q4_1, status, monkeypatch
+def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_explains_it(
+    on_q4_1, one_pass, verdict, status, monkeypatch
 ):
     """The drafter differs from the plain server at token 1 on the served file. Rerun on the Q4_1
-    copy: matching the plain server there is rounding, differing there too is a defect."""
+    copy: matching the plain server there is rounding; differing there with the token a one-pass
+    scoring of the prefix picks is rounding too; any other token is a defect."""
     monkeypatch.setattr("draftlab.audit.server.logit_gap", lambda *a: 0.01)
+    monkeypatch.setattr("draftlab.audit.server.one_pass_choice", lambda lm, prefix: one_pass)
     served, copy = _Pool(), _Pool()
     decoders = {"ar": _Decoder([1, 2, 3], served), "ngram-mod": _Decoder([1, 5, 3], served)}
     made = []
@@ -187,9 +194,10 @@ def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_match
         return {"ar": _Decoder([1, 2, 3], copy), "ngram-mod": _Decoder(on_q4_1, copy)}
 
     audit = MethodAudit("ngram-mod", lossless_claim=True)
-    ServerAudit(3, _Bar(), decoders, rechecks).greedy([audit], _Target(), [[7, 8]])
+    server_audit = ServerAudit(3, _Bar(), decoders, rechecks, lambda: object())
+    server_audit.greedy([audit], _Target(), [[7, 8]])
     assert made == [1] and audit.divergences[0]["position"] == 1
-    assert audit.divergences[0][RECHECK] == ("matches" if on_q4_1 == [1, 2, 3] else "diverges")
+    assert audit.divergences[0][RECHECK] == verdict
     assert audit.judge(1.0) == status
     # One server at a time: the served file's server stopped before the copy's ran.
     assert decoders["ngram-mod"].paused == 1

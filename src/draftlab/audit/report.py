@@ -64,7 +64,8 @@ def print_report(console: Console, result: dict, audits, power, prefixes) -> Non
             else "-"
         )
         rechecks = [d[key] for d in a.divergences for key, _ in RECHECKS if d.get(key)]
-        recheck = f"{rechecks.count('matches')}/{len(rechecks)} match" if rechecks else "-"
+        kept = sum(r in ("matches", "in a pass") for r in rechecks)
+        recheck = f"{kept}/{len(rechecks)} match" if rechecks else "-"
         ps = ", ".join(
             _p(x["p_value"])
             + "".join(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from draftlab.audit.checks import MethodAudit, first_divergence
 from draftlab.audit.runner import GREEDY, Progress, logit_gap, token_text
+from draftlab.models.cached import cached
 
 RECHECK = "q4_1_one_thread"
 
@@ -29,6 +30,7 @@ class ServerAudit:
     bar: Progress
     decoders: dict  # method (and "ar") -> its LlamaServerDecoder on the file the server runs
     recheck_decoders: Callable[[], dict]  # the same on the Q4_1 copy, one thread: made on first need
+    recheck_model: Callable[[], object]  # the Q4_1 copy loaded by llama.cpp here, on one thread
 
     def __post_init__(self) -> None:
         self._last = None
@@ -38,6 +40,22 @@ class ServerAudit:
             self._last.pause()  # one server at a time: the other file's stops first
         self._last = decoder
         return decoder.generate(ids, self.max_new_tokens, GREEDY).tokens
+
+    def _judge_rerun(self, ids: list[int], ar: list[int], again: list[int], record: dict) -> str:
+        """matches: the rerun wrote the plain server's tokens. in a pass: it did not, but the token it
+        wrote where they part is the target's own choice when the whole prefix is scored in one pass
+        (a long verification pass, such as ngram-mod's 48-64 drafted tokens, rounds like a pass
+        of the prefix, not like one-token steps), so rounding. diverges: no pass of the target tried
+        here picks it: a defect."""
+        at = first_divergence(ar, again)
+        if at is None:
+            return "matches"
+        if at >= len(ar) or at >= len(again):
+            return "diverges"
+        model = self.recheck_model()
+        choice = one_pass_choice(model, ids + ar[:at])
+        record["rerun"] = {"position": at, "ar_token": ar[at], "method_token": again[at], "one_pass": choice}
+        return "in a pass" if choice == again[at] else "diverges"
 
     def greedy(self, audits: list[MethodAudit], target, prompts: list[list[int]]) -> None:
         """`target`: the same file loaded by llama.cpp in this process, for the logit gaps."""
@@ -78,5 +96,13 @@ class ServerAudit:
                         self.bar.step()
                     again = self._tokens(rechecks[audit.method], ids)
                     self.bar.step()
-                    record[RECHECK] = "matches" if again == ar_rechecked[i] else "diverges"
+                    record[RECHECK] = self._judge_rerun(ids, ar_rechecked[i], again, record)
                 audit.divergences.append(record)
+
+
+def one_pass_choice(lm, prefix: list[int]) -> int:
+    """The greedy token after `prefix` when the whole prefix is scored in one pass."""
+    runner = cached(lm)
+    runner.start(prefix)
+    logits = runner.forward(prefix, keep=1)[-1]
+    return int(max(range(len(logits)), key=lambda j: float(logits[j])))

@@ -20,6 +20,7 @@ from draftlab.decode.spec import method_spec
 from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import q4_1_copy
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
+from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.hardware import hardware
 from draftlab.models.cache import home
 from draftlab.models.prompting import encode_prompt
@@ -52,12 +53,23 @@ def run_server_audit(args: argparse.Namespace, texts: list[str], bar) -> tuple[d
         pools.append(copy)
         return {m: LlamaServerDecoder(copy, a, gguf.tokenizer) for m, a in spec_args.items()}
 
+    copies: list = []
+
+    def recheck_model():
+        if not copies:
+            path = q4_1_copy(Path(gguf.path))
+            copies.append(
+                load_llamacpp(str(path), tokenizer=gguf.tokenizer, n_ctx=gguf.context_length, n_threads=1)
+            )
+        return copies[0]
+
     decoders = {m: LlamaServerDecoder(pool, a, gguf.tokenizer) for m, a in spec_args.items()}
     audits = [MethodAudit(m, method_spec(m).lossless) for m in methods]
     bar.add(len(prompts) * (1 + len(audits)))
     try:
         with bar.progress:
-            ServerAudit(args.max_new_tokens, bar, decoders, rechecks).greedy(audits, gguf, prompts)
+            audit = ServerAudit(args.max_new_tokens, bar, decoders, rechecks, recheck_model)
+            audit.greedy(audits, gguf, prompts)
     finally:
         for p in pools:
             p.close()
