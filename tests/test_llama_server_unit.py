@@ -183,7 +183,7 @@ def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_expla
     """The drafter differs from the plain server at token 1 on the served file. Rerun on the Q4_1
     copy: matching the plain server there is rounding; differing there with the token a one-pass
     scoring of the prefix picks is rounding too; any other token is a defect."""
-    monkeypatch.setattr("draftlab.audit.server.logit_gap", lambda *a: 0.01)
+    monkeypatch.setattr("draftlab.audit.runner.logit_gap", lambda *a: 0.01)
     monkeypatch.setattr("draftlab.audit.server.one_pass_choice", lambda lm, prefix: one_pass)
     served, copy = _Pool(), _Pool()
     decoders = {"ar": _Decoder([1, 2, 3], served), "ngram-mod": _Decoder([1, 5, 3], served)}

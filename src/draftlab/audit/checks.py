@@ -33,6 +33,10 @@ DEFAULT_SUBTASKS = ("qa", "translation", "summarization", "grammar correction")
 WRONG_RULE = "resample from p after a rejection"
 # The reruns that tell rounding from a defect: (key in the records, what the report calls it).
 RECHECKS = (("float32", "float32"), ("one_thread", "1 thread"), ("q4_1_one_thread", "Q4_1 on 1 thread"))
+IN_A_PASS = (
+    "in a pass"  # the rerun differs too, with the token the target picks scoring the prefix in one pass
+)
+RERUN_ROUNDING = ("matches", IN_A_PASS)  # rerun verdicts that make a difference rounding
 # What a difference that a rerun removes was, by the rerun's key.
 ROUNDING = {
     "float32": "low-precision difference(s), all gone in float32: near-ties that round differently in a "
@@ -128,7 +132,7 @@ class MethodAudit:
         defects, rounding, kinds = [], 0, []
         for d in self.divergences:
             key, name = _recheck_of(d)
-            if key is not None and d[key] in ("matches", "in a pass"):
+            if key is not None and d[key] in RERUN_ROUNDING:
                 rounding += 1
                 kinds.append(key)
                 continue
@@ -139,10 +143,10 @@ class MethodAudit:
         for s in self.sampling:
             if s["p_value"] >= alpha_per_test:
                 continue
-            again = [(name, s[f"{key}_p_value"]) for key, name in RECHECKS if f"{key}_p_value" in s]
+            again = [(key, s[f"{key}_p_value"]) for key, _ in RECHECKS if f"{key}_p_value" in s]
             if again and again[0][1] >= alpha_per_test:
                 rounding += 1
-                kinds.append(next(key for key, name in RECHECKS if name == again[0][0]))
+                kinds.append(again[0][0])
             else:
                 defects.append(f"sampling (prefix {s['prefix']}: p = {s['p_value']:.2g})")
         if not self.lossless_claim:

@@ -7,7 +7,7 @@ import math
 from rich.console import Console
 from rich.table import Table
 
-from draftlab.audit.checks import RECHECKS, WRONG_RULE
+from draftlab.audit.checks import RECHECKS, RERUN_ROUNDING, WRONG_RULE
 
 
 def _p(value: float) -> str:
@@ -64,7 +64,7 @@ def print_report(console: Console, result: dict, audits, power, prefixes) -> Non
             else "-"
         )
         rechecks = [d[key] for d in a.divergences for key, _ in RECHECKS if d.get(key)]
-        kept = sum(r in ("matches", "in a pass") for r in rechecks)
+        kept = sum(r in RERUN_ROUNDING for r in rechecks)
         recheck = f"{kept}/{len(rechecks)} match" if rechecks else "-"
         ps = ", ".join(
             _p(x["p_value"])

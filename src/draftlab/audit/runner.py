@@ -77,6 +77,25 @@ def logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float |
     return float(logits[a] - logits[b])
 
 
+def divergence(
+    target: LoadedModel, i: int, ids: list[int], ar: list[int], tokens: list[int], at: int, recheck: str
+) -> dict:
+    """The record of prompt i's first difference at `at`: both tokens, their texts, how near a tie
+    (the logit gap) and the rerun's verdict to come (`recheck`: its key)."""
+    want = ar[at] if at < len(ar) else None
+    got = tokens[at] if at < len(tokens) else None
+    return {
+        "prompt": i + 1,
+        "position": at,
+        "ar_token": want,
+        "method_token": got,
+        "ar_text": token_text(target, want),
+        "method_text": token_text(target, got),
+        "logit_gap": logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
+        recheck: None,
+    }
+
+
 class Audit:
     def __init__(self, settings: AuditSettings, parts: Parts, bar: Progress) -> None:
         self.args = settings
@@ -126,18 +145,7 @@ class Audit:
                 if at is None:
                     audit.greedy_identical += 1
                     continue
-                want = ar[at] if at < len(ar) else None
-                got = tokens[at] if at < len(tokens) else None
-                record = {
-                    "prompt": i + 1,
-                    "position": at,
-                    "ar_token": want,
-                    "method_token": got,
-                    "ar_text": token_text(target, want),
-                    "method_text": token_text(target, got),
-                    "logit_gap": logit_gap(target, ids + ar[:at], want, got) if want is not None else None,
-                    recheck or "float32": None,
-                }
+                record = divergence(target, i, ids, ar, tokens, at, recheck or "float32")
                 if recheck and audit.lossless_claim:
                     record[recheck] = self.recheck(audit.method, i, ids, target, draft)
                 audit.divergences.append(record)

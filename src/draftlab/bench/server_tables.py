@@ -49,14 +49,19 @@ def server_settings_table(summary: dict) -> TableData | None:
     subtasks = list(dict.fromkeys(s for data in settings.values() for s in data["chosen"]))
     rows = []
     for method, data in settings.items():
-        row = [method]
-        for source, subtask in [*((data, s) for s in subtasks), (data["pooled"], None)]:
-            plain = source["plain_tok_s"].get(subtask) if subtask else source["plain_tok_s"]
-            rates = [r.get(subtask, 0.0) if subtask else r for r in source["tok_s_by_setting"].values()]
-            setting = source["chosen"].get(subtask) if subtask else source["chosen"]
-            gain = f"{max(rates, default=0.0) / plain:.2f}×" if plain else "-"
-            row.append(f"{setting} ({gain})" if setting is not None else f"off (best {gain})")
-        rows.append(row)
+        cells = [
+            _cell(
+                data["plain_tok_s"].get(s),
+                [r.get(s, 0.0) for r in data["tok_s_by_setting"].values()],
+                data["chosen"].get(s),
+            )
+            for s in subtasks
+        ]
+        pooled = data["pooled"]
+        cells.append(
+            _cell(pooled["plain_tok_s"], list(pooled["tok_s_by_setting"].values()), pooled["chosen"])
+        )
+        rows.append([method, *cells])
     headers = ["method", *subtasks, "other subtasks (pooled)"]
     note = (
         "each drafter's length setting chosen per subtask on calibration prompts the run does not "
@@ -64,3 +69,8 @@ def server_settings_table(summary: dict) -> TableData | None:
         "there; off: no candidate beat it by 3%, so that subtask decodes plainly"
     )
     return TableData("llama-server: settings chosen by cost", headers, rows, note)
+
+
+def _cell(plain: float | None, rates: list[float], setting: str | None) -> str:
+    gain = f"{max(rates, default=0.0) / plain:.2f}×" if plain else "-"
+    return f"{setting} ({gain})" if setting is not None else f"off (best {gain})"

@@ -14,8 +14,8 @@ from rich.console import Console
 from draftlab import __version__
 from draftlab.audit.checks import MethodAudit, verdict
 from draftlab.audit.server import RECHECK, ServerAudit
-from draftlab.cli.bench_llama_server import default_methods, method_server_args, server_target
-from draftlab.cli.engines import check_methods, load_shells
+from draftlab.cli.bench_llama_server import method_server_args, server_methods, server_target
+from draftlab.cli.engines import load_shells
 from draftlab.decode.spec import method_spec
 from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import q4_1_copy
@@ -24,15 +24,6 @@ from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.hardware import hardware
 from draftlab.models.cache import home
 from draftlab.models.prompting import encode_prompt
-
-
-def server_methods(args: argparse.Namespace) -> list[str]:
-    text = args.methods if args.methods is not None else default_methods(args)
-    names = [m.strip() for m in text.split(",") if m.strip() and m.strip() != "ar"]
-    for name in names:
-        method_spec(name)
-    check_methods(["ar", *names], ["llama-server"])
-    return list(dict.fromkeys(names))
 
 
 def run_server_audit(args: argparse.Namespace, texts: list[str], bar) -> tuple[dict, list[MethodAudit]]:

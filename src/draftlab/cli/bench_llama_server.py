@@ -16,7 +16,8 @@ from draftlab.bench.records import RUN_FILE
 from draftlab.bench.runner import Variant
 from draftlab.cli.bench_llamacpp import gguf_target
 from draftlab.cli.common import decoder_config, head_name, machine_profile
-from draftlab.cli.run_setup import variant_params
+from draftlab.cli.engines import check_methods
+from draftlab.cli.run_setup import parse_list, variant_params
 from draftlab.decode.spec import DecoderConfig, method_spec
 from draftlab.distill.config import package_data
 from draftlab.engines import counterpart
@@ -54,6 +55,17 @@ def default_methods(args: argparse.Namespace) -> str:
     if head_name(args):
         extra += ["eagle", "eagle+ngram-mod"]
     return ",".join([DEFAULT_METHODS, *extra])
+
+
+def server_methods(args: argparse.Namespace) -> list[str]:
+    """--methods (default: default_methods) as llama-server methods other than ar, each checked to
+    run there (a one-line error names one that does not)."""
+    text = args.methods if args.methods is not None else default_methods(args)
+    names = [m for m in parse_list(text, str, "method") if m != "ar"]
+    for name in names:
+        method_spec(name)
+    check_methods(["ar", *names], [NAME])
+    return list(dict.fromkeys(names))
 
 
 # What the server runs a catalogue target from: its BF16 copy, whose verification of several tokens is

@@ -171,7 +171,7 @@ def suite_examples(args: argparse.Namespace):
 def held_out_examples(args: argparse.Namespace, run: list, per_subtask: int) -> list:
     """The suite's last `per_subtask` examples of each of the run's subtasks that the run leaves out:
     prompts of the same kind as the measured ones, none of them measured (for choosing settings).
-    None for a Hugging Face suite (its whole split is not read for this) or where none is left out."""
+    Empty for a Hugging Face suite (its whole split is not read for this) or where none is left out."""
     if args.suite.startswith("hf:"):
         return []
     subtasks = list(dict.fromkeys(e.subtask for e in run))

@@ -9,7 +9,7 @@ from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli import engines as engine_cli
 from draftlab.cli.bench_llama_server import default_methods as default_server_methods
 from draftlab.cli.bench_llama_server import grid_variants as server_grid
-from draftlab.cli.bench_llama_server import server_variants
+from draftlab.cli.bench_llama_server import server_methods, server_variants
 from draftlab.cli.common import (
     cost_model,
     decoder_config,
@@ -47,7 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--drafts", default=None, help="gamma: comma-separated drafts (default: --draft)")
     p.add_argument(
-        "--gammas", default="1,2,3,4,6,8", help="gamma: values of γ (llama-server: --spec-draft-n-max)"
+        "--gammas",
+        default="1,2,3,4,6,8",
+        help="gamma: values of γ (llama-server: each drafter's own length cap, e.g. --spec-draft-n-max)",
     )
     p.add_argument(
         "--p-mins",
@@ -269,7 +271,8 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
 
 
 def _server_grid(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
-    """llama-server's drafters over γ (--spec-draft-n-max) and, with --p-mins, --spec-draft-p-min."""
+    """llama-server's drafters with drafts capped at each γ (by each drafter's own setting) and, with
+    --p-mins, a draft model or head at each --spec-draft-p-min."""
     gammas = parse_list(args.gammas, int, "gamma")
     for gamma in gammas:
         if gamma < 1:
@@ -278,11 +281,7 @@ def _server_grid(args: argparse.Namespace, examples, sampling: SamplingParams) -
     for p_min in p_mins or []:
         if not 0 <= p_min <= 1:
             raise DraftlabError(f"p-min must be in [0, 1], got {p_min}")
-    text = args.methods or default_server_methods(args)
-    methods = [m for m in parse_list(text, str, "method") if m != "ar"]
-    for m in methods:
-        method_spec(m)
-    engine_cli.check_methods(["ar", *methods], ["llama-server"])
+    methods = server_methods(args)
     need_draft = any(method_spec(m).needs_draft for m in methods)
     target, draft = engine_cli.load_shells(args, need_draft)
     variants, pool, record = server_grid(args, methods, target, draft, sampling, gammas, p_mins)

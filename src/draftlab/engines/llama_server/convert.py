@@ -62,8 +62,8 @@ def head_gguf(head_dir: str, target_dir: str, server: Path, out: Path | None = N
 
 def q4_1_copy(gguf: Path) -> Path:
     """The file quantized to Q4_1 by llama.cpp's own quantizer, once: the audit's recheck file. Its
-    matrix products quantize the activations and take the same dot kernel for a pass of any size,
-    so on one thread a pass of several tokens rounds exactly as one of one token does."""
+    matrix products quantize the activations and take the same dot kernel for passes of a few
+    tokens and of one, so on one thread those round alike (audit/server.py handles longer ones)."""
     import llama_cpp  # the wheel scripts/install-llamacpp.sh builds; only the audit's recheck needs it
 
     out = home() / "gguf" / f"{gguf.stem}-q4_1-recheck.gguf"
