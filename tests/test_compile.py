@@ -21,17 +21,20 @@ from draftlab.bench.records import read_records
 from draftlab.cli import main
 from draftlab.cli.common import cost_model
 from draftlab.decode.build import build_decoder
+from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DecoderConfig
+from draftlab.decode.timing import TickClock
 from draftlab.drafters.eagle3.head import default_aux_layers
 from draftlab.drafters.eagle3.io import load_head_lm, save_head
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import (
+    MAX_PASS,
     PASS_SIZES,
     RESERVE,
     capacity,
-    compiled_dir,
     compiled_steps,
+    package_path,
     static_length,
 )
 from draftlab.models.cost_curve import CostCurve, Profile, verify_slope
@@ -39,6 +42,8 @@ from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import QUICK_SIZES, find_cached, measure, profile_path, profile_points, save
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
+
+TREE_METHODS = ("pld-tree", "suffix", "hybrid", "sps-tree", "eagle-tree")
 
 GREEDY = SamplingParams()
 
@@ -166,16 +171,18 @@ def test_a_static_cache_grows_past_its_bucket(tiny_pair):
 
 
 def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
-    for method in ("pld-tree", "eagle-tree", "hf-assisted"):
-        with pytest.raises(DraftlabError, match=f"--compile runs chain methods .* not '{method}'"):
+    for method in ("hf-assisted", "hf-greedy"):
+        with pytest.raises(
+            DraftlabError, match=f"--compile runs the methods of draftlab's own loop, not '{method}'"
+        ):
             DecoderConfig(method=method, compile=True)
     lm = load_model(ModelSpec(str(tiny_pair["t5"][0]), dtype="float32"))
     with pytest.raises(DraftlabError, match="decoder-only"):
         CachedModel(lm, compiled=True)
     target = str(tiny_pair["llama"][0])
-    result = cli("generate", "hello", "--target", target, "--method", "pld-tree", "--compile")
+    result = cli("generate", "hello", "--target", target, "--method", "hf-greedy", "--compile")
     assert result.returncode == 2
-    one_line(result.stderr, ["--compile", "'pld-tree'"])
+    one_line(result.stderr, ["--compile", "'hf-greedy'"])
     assert main(["bench", "--target", target, "--engines", "llamacpp", "--compile"]) == 2
     assert "--compile is for the hf engine" in capsys.readouterr().err
     # A model off the CPU (here on the meta device; tests/test_cuda.py runs it on a GPU).
@@ -185,27 +192,41 @@ def test_compile_refuses_what_it_cannot_run(tiny_pair, capsys):
         CachedModel(lm, compiled=True)
 
 
-def test_a_family_whose_one_token_pass_does_not_export_gets_a_one_line_error(tiny_pair):
-    """OPT's export assumes passes of 2 tokens or more: its package is refused, with the model
-    named, when it is made ready; GPT-2's package gives the eager logits."""
+def test_opt_and_bloom_compile_with_and_without_tree_masks(tiny_pair):
+    """OPT takes its positions as inputs, so its one-token pass exports, and its package verifies
+    trees; Bloom's ALiBi reads positions from a 2-D mask, so its package is exported without the
+    4-D mask and runs chains (its tree methods fall back to chains, as they do eagerly)."""
+    for family, masked in (("opt", True), ("bloom", False)):
+        lm = load_model(ModelSpec(str(tiny_pair[family][0]), dtype="float32"))
+        eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
+        assert compiled_steps(lm).masked is masked and compiled.supports_trees() is masked
+        for cm in (eager, compiled):
+            cm.start([5, 6, 7])
+            cm.forward([5, 6, 7])  # a prompt of 3 tokens: eager on both, the cache holds no keys yet
+        for chunk in ([9], [9, 10, 11]):
+            a, b = eager.forward(chunk), compiled.forward(chunk)
+            torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+        assert compiled_steps(lm).calls == 2
+        decoder = build_decoder(DecoderConfig(method="pld-tree", compile=True), lm)
+        assert decoder.trees is masked and bool(decoder.tree_fallback) is not masked
+
+
+def test_a_pass_that_cannot_take_one_token_is_refused_in_one_line(tiny_pair):
+    """OPT exported without positions assumes passes of 2 tokens or more (what `--compile` met
+    before positions were inputs): the exported pass is refused, naming the model, before inductor
+    compiles anything."""
     target = str(tiny_pair["opt"][0])
-    result = cli(
-        "generate", "hello there", "--target", target, "--method", "ar", "--compile", "--dtype", "float32"
-    )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    # The exported pass was refused in one line, before inductor compiled anything.
-    error = result.stderr.strip().splitlines()[-1]
-    one_line(error, ["--compile cannot run", "opt", "without --compile"])
-    assert "Error:" not in result.stderr.replace("draftlab: error:", "")
-    assert not list(compiled_dir().glob("opt-target-*/*.pt2")), "no package was compiled for it"
-    lm = load_model(ModelSpec(str(tiny_pair["gpt2"][0]), dtype="float32"))
-    eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
-    for cm in (eager, compiled):
-        cm.start([5, 6, 7])
-        cm.forward([5, 6, 7])  # a prompt of 3 tokens: eager on both, the cache holds no keys yet
-    a, b = eager.forward([9]), compiled.forward([9])
-    assert compiled_steps(lm).calls == 1
-    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+    lm = load_model(ModelSpec(target, dtype="float32"))
+    compiled = CachedModel(lm, compiled=True)
+    compiled_steps(lm).masked = False
+    compiled.start([5, 6, 7])
+    compiled.forward([5, 6, 7])
+    with pytest.raises(DraftlabError) as error:
+        compiled.forward([9])
+    message = str(error.value)
+    assert "\n" not in message and f"--compile cannot run '{target}'" in message, message
+    assert message.endswith("decode it without --compile"), message
+    assert not package_path(lm, 512, masked=False).exists(), "no package was compiled for it"
 
 
 def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_path, capsys):
@@ -317,3 +338,85 @@ def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(stor
     assert curve.ms[0][0] < 500, curve.ms
     assert profile_points(2048, True, compiled=True) == (PASS_SIZES, [64, 256], [16, 64, 256])
     assert profile_points(2048, True, compiled=False)[0] == QUICK_SIZES
+
+
+def test_a_compiled_tree_pass_gives_the_eager_tree_logits_and_keeps_its_path(story_model):
+    """A token tree through the package: a 4-D mask over the whole bucket, each node seeing the
+    sequence and its ancestors only; after the accepted path is compacted into place, the static
+    cache holds that path alone, as the dynamic cache does."""
+    ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
+    eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
+    assert compiled.supports_trees()
+    for cm in (eager, compiled):
+        cm.start(ids)
+        cm.forward(ids)
+    calls = compiled_steps(story_model).calls
+    nodes, parents = (
+        [7, 9, 11, 13, 15, 17],
+        [-1, 0, -1, 2, 2, 4],
+    )  # root -> 7 -> 9; root -> 11 -> {13, 15 -> 17}
+    a, b = eager.forward([5, *nodes], tree=parents), compiled.forward([5, *nodes], tree=parents)
+    assert compiled_steps(story_model).calls == calls + 1, "one package pass scored the whole tree"
+    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    # A tree grown over two calls (as a draft grows one level by level) scores the same.
+    base = len(ids) + 1
+    for cm in (eager, compiled):
+        cm.crop(base)
+    more_a = eager.forward([21, 23], tree=[-1, -1]), eager.forward([25], tree=[1])
+    more_b = compiled.forward([21, 23], tree=[-1, -1]), compiled.forward([25], tree=[1])
+    for x, y in zip(more_a, more_b, strict=True):
+        torch.testing.assert_close(y, x, atol=logits_tol(story_model.model, x), rtol=0)
+    # Keep a non-first branch: root -> 23 -> 25 moves down into place; the next pass agrees.
+    for cm in (eager, compiled):
+        cm.keep_path(base, [1, 2])
+    assert compiled.length == eager.length == base + 2
+    a, b = eager.forward([3]), compiled.forward([3])
+    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    alone = CachedModel(story_model)
+    alone.start(ids)
+    alone.forward([*ids, 5, 23, 25])
+    torch.testing.assert_close(alone.forward([3]), a, atol=logits_tol(story_model.model, a), rtol=0)
+
+
+def test_compiled_tree_methods_write_plain_decodings_tokens(story_model, story_head, tmp_path):
+    """pld-tree, suffix, hybrid, sps-tree and eagle-tree under --compile, trees sized from a cost
+    profile and at fixed budgets: plain decoding's tokens in float32, every tree in one package pass."""
+    from test_sizing import FLAT, curve
+    from test_trees import _noisy_copy
+
+    draft = _noisy_copy(story_model.path, tmp_path / "noisy")
+    ids = encode_prompt(story_model, "Once upon a time, there was a little girl named Lily.", chat=False)
+    plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 100, GREEDY)
+    steps = compiled_steps(story_model)
+    for method in TREE_METHODS:
+        second = story_head if method == "eagle-tree" else draft
+        for budget in (None, 16, 3):
+            cost = CostModel(FLAT, curve({1: 4.0, 2: 4.2, 16: 6.0}), clock=TickClock())
+            config = DecoderConfig(method=method, compile=True, tree_budget=budget, gamma=4, pld_tokens=10)
+            decoder = build_decoder(config, story_model, second, cost if budget is None else None)
+            assert decoder.trees, f"{method}: trees, not the chain fallback"
+            calls = steps.calls
+            got = decoder.generate(ids, 100, GREEDY)
+            label = f"compiled {method} budget={budget}"
+            assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, label)
+            assert got.stats.tree_rounds > 0, label
+            # Every pass but the prompt ran through the package: no tree outgrew the longest pass.
+            assert steps.calls - calls == got.stats.target_calls - 1, label
+            if budget is None:
+                assert decoder.sizer.max_nodes == MAX_PASS - 1
+            else:
+                assert decoder.tree_budget == min(budget, MAX_PASS - 1)
+
+
+def test_compiled_tree_methods_match_compiled_ar_on_a_random_tiny_model(tiny_pair):
+    target = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
+    draft = load_model(ModelSpec(str(tiny_pair["llama"][1]), dtype="float32"))
+    target.eos_token_ids = set()
+    ids = encode_prompt(
+        target, "the cat sat on the mat and then the dog ran on the mat and then the", chat=False
+    )
+    ar = build_decoder(DecoderConfig(method="ar", compile=True), target).generate(ids, 200, GREEDY)
+    for method in ("pld-tree", "sps-tree", "hybrid", "suffix"):
+        config = DecoderConfig(method=method, compile=True, tree_budget=6, gamma=4)
+        got = build_decoder(config, target, draft).generate(ids, 200, GREEDY)
+        assert_greedy_equal(target, ids, got.tokens, ar.tokens, f"compiled {method}")

@@ -310,6 +310,10 @@ def test_the_tree_sizer_chooses_more_nodes_where_a_pass_is_flat():
         sizes[name] = len(chosen.tokens)
         assert choice.k == len(chosen.tokens)
     assert sizes["flat"] > 4 and sizes["steep"] <= 1
+    # Compiled, a tree verifies in one package pass of at most 8 tokens: 7 nodes after the root.
+    capped = TreeSizer(CostModel(FLAT), depth=4, width=3, free_drafts=True, max_nodes=7)
+    chosen, choice = capped.fit(tree, 256)
+    assert len(chosen.tokens) == choice.k == 7
 
 
 def test_a_lookup_tree_stops_drafting_in_a_generation_whose_lookups_fail():

@@ -84,10 +84,17 @@ def tree_decoder(
     """A tree method's decoder; `proposer(sizer)` builds its proposer."""
     check_fits(config, target)
     sizer = None
-    if config.adaptive and cost is not None and config.tree_budget is None:
-        sizer = TreeSizer(cost, sized_depth, config.tree_width, free_drafts=not config.needs_draft)
+    # Compiled, a tree verifies in one package pass: its nodes and the token before them fit in
+    # the longest compiled pass (a longer one runs eagerly).
+    depth, sized_depth = most_drafts(config, depth), most_drafts(config, sized_depth)
+    budget = config.tree_budget if config.tree_budget is None else most_drafts(config, config.tree_budget)
+    if config.adaptive and cost is not None and budget is None:
+        max_nodes = MAX_PASS - 1 if config.compile else None
+        sizer = TreeSizer(
+            cost, sized_depth, config.tree_width, free_drafts=not config.needs_draft, max_nodes=max_nodes
+        )
     main = target_of(config, target)
-    return SpeculativeDecoder(main, proposer(sizer), SpeculativeRule(), depth, sizer, config.tree_budget)
+    return SpeculativeDecoder(main, proposer(sizer), SpeculativeRule(), depth, sizer, budget)
 
 
 def build_ar(config, target, draft, cost):

@@ -66,8 +66,8 @@ class DecoderConfig:
     # profile, a chain).
     tree_width: int = 8
     tree_budget: int | None = None
-    # The target's passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py);
-    # chain methods of our own loop only.
+    # The target's passes of up to 8 tokens through a compiled package over a static cache
+    # (models/compiled.py): chains and token trees of our own loop.
     compile: bool = False
 
     def __post_init__(self) -> None:
@@ -93,7 +93,8 @@ class DecoderConfig:
             raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
         if self.compile and not REGISTRY[self.method].compilable:
             raise DraftlabError(
-                f"--compile runs chain methods of draftlab's own loop (ar, sps, pld, bild, eagle), not '{self.method}'"
+                f"--compile runs the methods of draftlab's own loop, not '{self.method}' "
+                f"({REGISTRY[self.method].engine}'s own decoding)"
             )
 
     @property
@@ -155,9 +156,9 @@ class MethodSpec:
 
     @property
     def compilable(self) -> bool:
-        """Whether --compile can run it: chains of our own loop (an EAGLE head's too: the head stays
-        eager and reads the compiled target's features)."""
-        return not (self.tree or self.external)
+        """Whether --compile can run it: the methods of our own loop, chains and trees (an EAGLE
+        head's too: the head stays eager and reads the compiled target's features)."""
+        return not self.external
 
     def __post_init__(self) -> None:
         for name in (*self.params, *([self.draft_length] if self.draft_length else [])):

@@ -51,9 +51,19 @@ class TreeSizer(RoundSizer):
     history, never on the round's own draws, so the rule's exactness holds for each round.
     """
 
-    def __init__(self, cost: CostModel, depth: int, width: int, free_drafts: bool, **kwargs) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        depth: int,
+        width: int,
+        free_drafts: bool,
+        max_nodes: int | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(cost, k_max=depth, free_drafts=free_drafts, **kwargs)
         self.width = width
+        # The most nodes one verification may take (compiled passes are at most 8 tokens long).
+        self.max_nodes = max_nodes
         self._drafted: tuple[float, float] | None = None  # (draft nodes verified, passes) this round
         self._probing = False  # this round drafts only as a probe
         self._promised = 0.0  # this generation: Σ calibrated chance of the lookup nodes reached
@@ -227,7 +237,8 @@ class TreeSizer(RoundSizer):
         ranked = sorted(values, reverse=True)
         overhead = self.propose_ms if self.free_drafts else 0.0
         best = (0, 1.0, verify_ms(1, context) + overhead)
-        sizes = [n for n in TREE_BUDGETS[1:] if n < len(ranked)] + [len(ranked)] if ranked else []
+        most = len(ranked) if self.max_nodes is None else min(len(ranked), self.max_nodes)
+        sizes = [n for n in TREE_BUDGETS[1:] if n < most] + [most] if most else []
         for n in sizes:
             tokens, cost = 1.0 + gain * sum(ranked[:n]), verify_ms(n + 1, context) + overhead
             if tokens / cost > best[1] / best[2] * (1 + 1e-9):

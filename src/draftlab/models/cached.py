@@ -17,7 +17,14 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
-from draftlab.models.compiled import MAX_PASS, PASS_SIZES, RESERVE, capacity, compiled_steps
+from draftlab.models.compiled import (
+    MAX_PASS,
+    PASS_SIZES,
+    RESERVE,
+    bucket_mask,
+    capacity,
+    compiled_steps,
+)
 from draftlab.models.loading import LoadedModel
 
 
@@ -41,6 +48,8 @@ class CachedModel:
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
         self._tree: TreeArea | None = None  # the token tree being fed, if any
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
+        if self.compiled is not None:
+            self.compiled.masked = self.supports_trees()  # its packages then take trees' masks
 
     @property
     def length(self) -> int:
@@ -160,18 +169,20 @@ class CachedModel:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
 
     def _static_forward(self, feed: torch.Tensor, kwargs: dict):
-        """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt."""
-        if "attention_mask" in kwargs:
-            raise DraftlabError("--compile runs chains only: token trees need a dynamic cache")
+        """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt.
+        A token tree's mask spans the nodes fed so far; a static cache's attention spans its
+        whole bucket, so the mask is widened to it (the slots past the tree masked)."""
         if len(self._tokens) > capacity(self._cache):
             self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, len(self._tokens))
+        if "attention_mask" in kwargs:
+            kwargs["attention_mask"] = bucket_mask(kwargs["attention_mask"], capacity(self._cache))
         # A prompt runs eagerly, and so does any pass before the cache holds keys (a prompt of up
         # to MAX_PASS tokens): the package takes the shapes of the cache's tensors.
         if feed.shape[1] > MAX_PASS or not self._cache.layers[0].is_initialized:
             return self.model(input_ids=feed, **kwargs)
         # The package returns the hidden states whatever was asked: an EAGLE head's passes and
         # plain ones share it, and the compiled profile prices what both run.
-        out = self.compiled(self._cache, feed)
+        out = self.compiled(self._cache, feed, kwargs.get("position_ids"), kwargs.get("attention_mask"))
         hidden = out.hidden_states if kwargs.get("output_hidden_states") else None
         return SimpleNamespace(logits=out.logits, hidden_states=hidden)
 
@@ -200,8 +211,6 @@ class CachedModel:
         Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
         custom 4D mask fail this, and tree methods then fall back to chains.
         """
-        if self.compiled is not None:
-            return False  # a tree's 4D mask spans the sequence; a static cache's spans its bucket
         ok = _TREE_SUPPORT.get(self.model)
         if ok is None:
             ok = _TREE_SUPPORT[self.model] = self._check_trees()
@@ -218,7 +227,10 @@ class CachedModel:
         """
         if not self.use_cache or self.lm.is_encoder_decoder:
             return False
-        saved = (self._tokens, self._cache, self._encoder_out, self.forward_calls)
+        # Checked eagerly over a dynamic cache: whether the model's attention honours a custom 4D
+        # mask does not depend on the cache, and a compiled check would build a package here.
+        saved = (self._tokens, self._cache, self._encoder_out, self.forward_calls, self.compiled)
+        self.compiled = None
         vocab = int(self.lm.vocab_size)
         prefix = [(7 * i + 3) % vocab for i in range(5)]
         nodes = [(11 * i + 5) % vocab for i in range(4)]  # root -> a -> b, root -> c -> d
@@ -248,7 +260,7 @@ class CachedModel:
         except Exception:  # noqa: BLE001 - any failure of a custom mask means: no trees here
             ok = False
         finally:
-            self._tokens, self._cache, self._encoder_out, self.forward_calls = saved
+            self._tokens, self._cache, self._encoder_out, self.forward_calls, self.compiled = saved
         return ok
 
     @torch.inference_mode()  # a static cache's length is a tensor made under inference mode

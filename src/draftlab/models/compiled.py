@@ -5,7 +5,8 @@ Plain decoding on a CPU spends most of a step launching small batch-1 matrix pro
 (issue 22: 211 products of about 158 µs each, per step); inductor's CPU GEMM templates over frozen
 weights replace them. The target's forward over a static cache is exported with `torch.export`
 (the pass length dynamic, 1 to MAX_PASS tokens; the cache's key, value and length tensors passed in
-and updated in place) and compiled by `aoti_compile_and_package` with freezing and max-autotune.
+and updated in place; positions and an additive 4-D mask over the whole bucket passed in too, so one
+package verifies chains and token trees alike) and compiled by `aoti_compile_and_package` with freezing and max-autotune.
 The package lands in `compiled/` under the draftlab home, named by the model's fingerprint (the
 profile's, plus its weight files), so a second process loads it (about 1 s) instead of compiling
 again: torch.compile had to, since with frozen weights it bypasses its own caches (docs/engines.md).
@@ -53,7 +54,8 @@ PASS_SIZES = (1, 2, 4, 8)
 EXAMPLE_PASS = 4
 # Tokens a new generation's static cache holds beyond its prompt before it must grow.
 RESERVE = 256
-PACKAGE_SCHEMA = 1
+# 2: positions and a 4-D mask over the bucket are inputs (token trees).
+PACKAGE_SCHEMA = 2
 
 
 def static_length(needed: int, limit: int | None = None) -> int:
@@ -65,14 +67,19 @@ def static_length(needed: int, limit: int | None = None) -> int:
 
 
 class StaticStep(torch.nn.Module):
-    """A pass over a static cache whose tensors come in as arguments: (logits, *hidden states)."""
+    """A pass over a static cache whose tensors come in as arguments: (logits, *hidden states).
+
+    Masked, `positions` [1, n] and the additive `mask` [1, 1, n, bucket] come in too: a chain's
+    are causal, a token tree's let each node see the sequence and its own ancestors only
+    (transformers takes a 4-D mask as it is). A model whose attention cannot take a custom mask
+    (Bloom's ALiBi reads its positions from a 2-D one) is exported unmasked, for chains."""
 
     def __init__(self, model: torch.nn.Module, length: int) -> None:
         super().__init__()
         self.model = model
         self.length = length
 
-    def forward(self, input_ids, lengths: list, keys: list, values: list):
+    def forward(self, input_ids, lengths: list, keys: list, values: list, positions=None, mask=None):
         cache = StaticCache(config=self.model.config, max_cache_len=self.length)
         for layer, k, v, n in zip(cache.layers, keys, values, lengths, strict=True):
             layer.keys, layer.values, layer.cumulative_length = k, v, n
@@ -80,7 +87,14 @@ class StaticStep(torch.nn.Module):
             layer.batch_size, layer.num_heads = k.shape[:2]
             layer.k_head_dim, layer.v_head_dim = k.shape[-1], v.shape[-1]
             layer.is_initialized = True
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
         return (out.logits, *out.hidden_states)
 
 
@@ -100,9 +114,10 @@ def weights_stamp(path: str) -> list:
     return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
-def package_path(lm: LoadedModel, length: int) -> Path:
-
+def package_path(lm: LoadedModel, length: int, masked: bool = True) -> Path:
     fp = {**lm.fingerprint(compiled=True), "weights": weights_stamp(lm.path), "package": PACKAGE_SCHEMA}
+    if not masked:
+        fp["masked"] = False
     slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
     return compiled_dir() / f"{slug}-{lm.spec.dtype}-{fingerprint_key(fp)}" / f"{length}.pt2"
 
@@ -112,6 +127,9 @@ class CompiledSteps:
     """One model's compiled passes, shared by every cache-aware wrapper of that model."""
 
     lm: LoadedModel
+    # Whether passes take positions and a 4-D mask (token trees): the model's attention honours a
+    # custom mask (CachedModel.supports_trees, checked eagerly when the first wrapper is made).
+    masked: bool = True
     # cache length -> seconds to get its package ready: export and compile, or load from disk
     compile_seconds: dict[int, float] = field(default_factory=dict)
     loaded: dict[int, bool] = field(default_factory=dict)  # cache length -> built by an earlier run
@@ -155,10 +173,19 @@ class CompiledSteps:
             new.cumulative_length.fill_(n)
         return bigger
 
-    def __call__(self, cache: StaticCache, input_ids: torch.Tensor) -> SimpleNamespace:
+    def __call__(
+        self,
+        cache: StaticCache,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> SimpleNamespace:
         """A pass of up to MAX_PASS tokens; the cache's layers must hold keys already (a prompt
-        ran eagerly over it first)."""
-        out = self.runner(cache)(input_ids, *_cache_args(cache))
+        ran eagerly over it first). Without `positions` and `mask`, a chain's."""
+        runner = self.runner(cache)
+        out = runner(
+            input_ids, *_cache_args(cache), *self._mask_args(cache, input_ids.shape[1], positions, mask)
+        )
         self.calls += 1
         return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
 
@@ -167,7 +194,7 @@ class CompiledSteps:
         runner = self.runners.get(length)
         if runner is None:
             t0 = time.perf_counter()
-            path = package_path(self.lm, length)
+            path = package_path(self.lm, length, self.masked)
             path.parent.mkdir(parents=True, exist_ok=True)
             # Another process (a second run, a test worker) may be building the same package:
             # wait for it and load its package rather than compile it again.
@@ -187,14 +214,29 @@ class CompiledSteps:
         cache's tensors): OPT's export assumes passes of 2 tokens or more, and its positions do
         not export at 1."""
         lengths, keys, values = ([t.clone() for t in group] for group in _cache_args(cache))
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.lm.device)
         try:
             with quiet_stderr():  # the package's C++ check prints its own "Error:" line
-                runner(torch.zeros((1, 1), dtype=torch.long, device=self.lm.device), lengths, keys, values)
+                runner(ids, lengths, keys, values, *self._mask_args(cache, 1))
         except RuntimeError as error:
             raise DraftlabError(
                 f"--compile cannot run '{self.lm.spec.name}': its one-token pass does not export "
                 f"({first_line(error)}); decode it without --compile"
             ) from None
+
+    def _mask_args(
+        self,
+        cache: StaticCache,
+        n: int,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple:
+        """The package's positions and mask for a pass of n tokens (a chain's unless given)."""
+        if not self.masked:
+            return ()
+        if positions is None or mask is None:
+            positions, mask = chain_inputs(cache, n, self.model.dtype)
+        return positions, mask
 
     def _build(self, cache: StaticCache, path: Path) -> None:
         """Export the pass over this cache's shapes and compile it into a package at `path`."""
@@ -207,14 +249,15 @@ class CompiledSteps:
                 [layer.cumulative_length.clone() for layer in layers],
                 [layer.keys.clone() for layer in layers],
                 [layer.values.clone() for layer in layers],
+                *self._mask_args(cache, EXAMPLE_PASS),
             )
             fixed = [None] * len(layers)
             tokens = torch.export.Dim("tokens", min=1, max=MAX_PASS)
             shapes = {"input_ids": {1: tokens}, "lengths": fixed, "keys": fixed, "values": fixed}
+            shapes |= {"positions": {1: tokens}, "mask": {2: tokens}} if self.masked else {}
             try:
-                program = torch.export.export(
-                    StaticStep(self.model, capacity(cache)), example, dynamic_shapes=shapes, strict=False
-                )
+                step = StaticStep(self.model, capacity(cache))
+                program = torch.export.export(step, example, dynamic_shapes=shapes, strict=False)
             except Exception as error:  # noqa: BLE001 - torch.export raises many kinds
                 raise DraftlabError(
                     f"--compile cannot export '{self.lm.spec.name}' ({first_line(error)}); "
@@ -243,6 +286,29 @@ def _cache_args(cache: StaticCache) -> tuple[list, list, list]:
         [layer.cumulative_length for layer in layers],
         [layer.keys for layer in layers],
         [layer.values for layer in layers],
+    )
+
+
+def chain_inputs(cache: StaticCache, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [1, n] and the additive mask [1, 1, n, bucket] of n chain tokens fed after what
+    the cache holds: each sees every earlier slot and itself."""
+    past = int(cache.layers[0].cumulative_length) if cache.layers[0].is_initialized else 0
+    device = cache.layers[0].keys.device if cache.layers[0].is_initialized else None
+    allowed = torch.ones(n, capacity(cache), dtype=torch.bool, device=device).tril(diagonal=past)
+    return torch.arange(past, past + n, device=device)[None], additive(allowed, dtype)[None, None]
+
+
+def bucket_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """A tree's additive mask [1, 1, n, past + n] widened to a bucket of `length` slots (the slots
+    past the tree are masked)."""
+    wide = torch.full((*mask.shape[:-1], length), torch.finfo(mask.dtype).min, dtype=mask.dtype)
+    wide[..., : mask.shape[-1]] = mask
+    return wide
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
     )
 
 
