@@ -21,7 +21,7 @@ import time
 
 SETTINGS = {
     "freeze": {"freezing": True},
-    "autotune": None,  # models/compiled.py's own: freezing, max-autotune, coordinate descent
+    "autotune": "float32",  # models/compiled.py's float32 settings: freezing, max-autotune, coordinate descent
 }
 PROMPT = "Summarize: the cat sat on the mat and was happy there."
 
@@ -31,8 +31,9 @@ def aoti(dtype: str, inductor: str) -> int:
     import draftlab.models.compiled as compiled
     from draftlab.cli import main
 
-    if SETTINGS[inductor] is not None:
-        compiled.INDUCTOR_CONFIGS = SETTINGS[inductor]
+    chosen = SETTINGS[inductor]
+    chosen = compiled.INDUCTOR_CONFIGS if chosen == "float32" else chosen
+    compiled.inductor_configs = lambda dtype: dict(chosen)
     argv = ["generate", "--compile", "--dtype", dtype, "--method", "ar", "--max-new-tokens", "64", PROMPT]
     return main(argv)
 

@@ -243,7 +243,14 @@ def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_pa
     assert labels == {"ar", "ar compiled"}
     by_label = {r.label: r for r in records}
     assert by_label["ar compiled"].greedy_match is not False
-    assert "ar compiled" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "ar compiled" in report
+    # What was built or loaded, in how long, and the peak memory before and with the packages.
+    peak = run["extra"]["peak_rss_mb"]
+    assert 0 < peak["before_packages"] <= peak["with_packages"]
+    row = next(line for line in report.splitlines() if line.startswith("| compiled passes |"))
+    assert "--compile: compiled copies beside the eager methods" in row
+    assert "512-token cache" in row and "peak memory" in row
     capsys.readouterr()
 
 
@@ -420,3 +427,51 @@ def test_compiled_tree_methods_match_compiled_ar_on_a_random_tiny_model(tiny_pai
         config = DecoderConfig(method=method, compile=True, tree_budget=6, gamma=4)
         got = build_decoder(config, target, draft).generate(ids, 200, GREEDY)
         assert_greedy_equal(target, ids, got.tokens, ar.tokens, f"compiled {method}")
+
+
+def _profiles(lm, compiled_ms: list[float], eager_ms: list[float]) -> None:
+    """Synthetic eager and compiled profiles of `lm` (1-, 2-, 4- and 8-token passes, two contexts)."""
+    for compiled, ms in ((False, eager_ms), (True, compiled_ms)):
+        curve = CostCurve([1, 2, 4, 8], [64, 256], [ms] * 2)
+        save(lm, Profile(lm.fingerprint(compiled), curve, 1, 0.0, "2026-11-27T00:00:00"))
+
+
+def test_bench_runs_compiled_by_default_where_the_profiles_predict_it_faster(
+    tiny_pair, tmp_path, monkeypatch
+):
+    """No --compile: the cached profiles decide. Without a compiled profile the run stays eager and
+    says how to get one; where compiled plain decoding is predicted faster, every method of our loop
+    runs compiled only, ar both ways; where slower, eager; --compile and --no-compile decide alone."""
+    from draftlab.cli import build_parser
+    from draftlab.cli.bench_compile import compile_choice
+
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    target = str(tiny_pair["llama"][0])
+    lm = load_model(ModelSpec(target, dtype="float32"))
+    parser = build_parser()
+
+    def choice(*flags):
+        return compile_choice(parser.parse_args(["bench", "--target", target, *flags]), lm)
+
+    _profiles(lm, [30.0, 30.5, 31.0, 33.0], [30.0, 30.5, 31.0, 33.0])
+    (profile_path(lm, compiled=True)).unlink()
+    none = choice()
+    assert not none.compiled and "draftlab profile --compile" in none.why
+    _profiles(lm, [5.0, 8.0, 12.0, 20.0], [30.0, 30.5, 31.0, 33.0])
+    faster = choice()
+    assert faster.compiled and not faster.eager and faster.why.startswith("compiled:")
+    assert (choice("--no-compile").compiled, choice("--compile").eager) == (False, True)
+    _profiles(lm, [40.0, 41.0, 42.0, 44.0], [30.0, 30.5, 31.0, 33.0])
+    slower = choice()
+    assert not slower.compiled and slower.eager and slower.why.startswith("eager:")
+    # End to end from the CLI, compiled predicted faster: pld runs compiled only, ar both ways.
+    _profiles(lm, [5.0, 8.0, 12.0, 20.0], [30.0, 30.5, 31.0, 33.0])
+    suite = write_suite(tmp_path / "suite.jsonl", [{"id": "a", "category": "qa", "prompt": "the cat sat on"}])
+    out = tmp_path / "run"
+    argv = ["bench", "--target", target, "--dtype", "float32", "--ar-dtypes", "none", "--suite", str(suite)]
+    assert main([*argv, "--methods", "ar,pld", "--max-new-tokens", "8", "--out", str(out), *QUIET]) == 0
+    assert {r.label for r in read_records(out / "results.jsonl")} == {"ar", "ar compiled", "pld compiled"}
+    run = json.loads((out / "run.json").read_text())
+    assert run["extra"]["compile"]["compiled"] and not run["extra"]["compile"]["eager_too"]
+    report = (out / "report.md").read_text()
+    assert "| compiled passes | compiled: plain decoding of a 256-token prompt" in report

@@ -132,3 +132,12 @@ def native_bf16() -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where torch's bfloat16 pays
     off; elsewhere it is emulated. ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY ceilings count."""
     return bool({"avx512_bf16", "amx_bf16"} & set(effective_isa(cpu_model_and_flags()[2])))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (Linux reports kilobytes, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1e6 if sys.platform == "darwin" else 1e3), 1)

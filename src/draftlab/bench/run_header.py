@@ -43,6 +43,9 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     ]
     if extra.get("plan"):
         rows.append(("plan", _plan(extra["plan"])))
+    compiled_row = compiled_line(extra)
+    if compiled_row:
+        rows.append(("compiled passes", compiled_row))
     rows.append(("winner", winner_line(summary)))
     engine_row = best_engine_line(summary)
     if engine_row:
@@ -110,6 +113,30 @@ def best_engine_line(summary: dict) -> str | None:
         if label != best
     ]
     return f"{best} ({engine_of(best)}), {plain[best]['tokens_per_s']:.2f} tok/s: " + ", ".join(others)
+
+
+def compiled_line(extra: dict) -> str | None:
+    """Whether our loop ran compiled and why; each package built or loaded, in how long; the
+    process's peak memory before and after the packages."""
+    choice = extra.get("compile")
+    if not choice:
+        return None
+    parts = [choice["why"]]
+    packages = extra.get("compile_s") or {}
+    if packages:
+        parts.append(
+            "packages: "
+            + ", ".join(
+                f"{n}-token cache {c['package']} in {c['seconds']:.1f} s" for n, c in packages.items()
+            )
+        )
+    peak = extra.get("peak_rss_mb")
+    if peak:
+        parts.append(
+            f"peak memory {peak['before_packages'] / 1000:.2f} GB before the packages, "
+            f"{peak['with_packages'] / 1000:.2f} GB with them"
+        )
+    return "; ".join(parts)
 
 
 def bandwidth_line(summary: dict) -> str | None:

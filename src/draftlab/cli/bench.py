@@ -10,6 +10,7 @@ from rich.console import Console
 from draftlab.bench.runner import Variant, check_contexts, warm_compiled
 from draftlab.cli import llamacpp_engine
 from draftlab.cli.bench_budget import fit_budget
+from draftlab.cli.bench_compile import compile_choice
 from draftlab.cli.bench_llama_server import CALIBRATION_PER_SUBTASK, server_variants
 from draftlab.cli.bench_llama_server import SUFFIX as SERVER_SUFFIX
 from draftlab.cli.bench_llama_server import default_methods as default_server_methods
@@ -52,7 +53,7 @@ from draftlab.cli.run_setup import (
 from draftlab.decode.build import check_fits
 from draftlab.decode.spec import DecoderConfig, method_names, method_spec
 from draftlab.errors import DraftlabError
-from draftlab.hardware import fingerprint_key, hardware, supported_dtypes
+from draftlab.hardware import fingerprint_key, hardware, peak_rss_mb, supported_dtypes
 from draftlab.models.bandwidth import cached_bandwidth, weight_bytes
 from draftlab.models.cache import local_dir, packaged_problem
 from draftlab.models.loading import DTYPES, LoadedModel
@@ -85,9 +86,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_compile_arg(
         p,
-        "also run 'ar compiled', 'pld compiled', ... for every chain method: the target's passes of up "
-        "to 8 tokens through an AOTInductor package over a static cache (built once per machine, "
-        "about 1.5 min on 2 cores, then loaded; untimed; the times are recorded in run.json)",
+        "--compile: also run 'ar compiled', 'pld-tree compiled', ... for every method of draftlab's "
+        "own loop, chains and token trees: the target's passes of up to 8 tokens through an "
+        "AOTInductor package over a static cache (built once per machine, about 1-2 min on 2 cores, "
+        "then loaded; untimed; the times are recorded in run.json). --no-compile: eager only. "
+        "Default: compiled only (ar both ways) where this machine's compiled profile "
+        "(`draftlab profile --compile`) predicts plain decoding faster than eager, else eager",
+        auto=True,
     )
     add_engine_args(p)
     add_run_command_args(p, run, lambda args: "bench")
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             names.insert(0, "ar")  # speed-ups are always measured against AR on the same engine
         check_methods(names, [engine])
     check_engine_args(args, engines)
-    if getattr(args, "compile", False) and "hf" not in engines:
+    if getattr(args, "compile", None) and "hf" not in engines:
         raise DraftlabError(
             "--compile is for the hf engine (compiled transformers passes); add hf to --engines"
         )
@@ -198,9 +203,16 @@ def run(args: argparse.Namespace) -> int:
             if not args.vllm_alive or args.vllm_alive >= len(more)
             else f"blocks of {args.vllm_block}"
         )
-    if getattr(args, "compile", False):
+    if hf:
+        extra["compile"] = args.compile_choice.record()
+        if not args.quiet:
+            Console(stderr=True).print(f"[dim]compiled passes: {args.compile_choice.why}[/]")
+    if any(v.config.compile for v in variants):
+        before = peak_rss_mb()
         warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
         extra["compile_s"] = compile_record(variants)
+        # Peak resident memory with every model loaded, then with the packages loaded and run too.
+        extra["peak_rss_mb"] = {"before_packages": before, "with_packages": peak_rss_mb()}
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
@@ -258,8 +270,11 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
         return head if config.spec.needs_head else draft
 
     adaptive = any(c.adaptive for c in configs.values())
+    choice = args.compile_choice = compile_choice(args, target)
     variants = []
     for m, config in configs.items():
+        if m != "ar" and not choice.eager and config.spec.compilable:
+            continue  # runs compiled only (below)
         second = second_of(config)
         params = variant_params(args, config)
         # The cost model prices every method for the budget; plain `ar` takes none (with one it
@@ -281,7 +296,7 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             "dtypes": [target.spec.dtype, *(o.spec.dtype for o, _ in routes)],
         }
         variants.append(Variant(ROUTED_AR, configs["ar"], target, None, sampling, params, cost, routes))
-    if getattr(args, "compile", False):
+    if choice.compiled:
         for m, config in configs.items():
             if not config.spec.compilable:
                 continue

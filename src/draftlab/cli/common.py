@@ -152,8 +152,12 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_compile_arg(parser: argparse.ArgumentParser, text: str) -> None:
-    parser.add_argument("--compile", action="store_true", help=text)
+def add_compile_arg(parser: argparse.ArgumentParser, text: str, auto: bool = False) -> None:
+    """--compile; with `auto`, --compile / --no-compile and a default (None) that the profiles decide."""
+    if auto:
+        parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=text)
+    else:
+        parser.add_argument("--compile", action="store_true", help=text)
 
 
 def compile_seconds(target: LoadedModel) -> dict[str, dict]:

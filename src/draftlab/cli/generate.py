@@ -44,7 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_compile_arg(
         p,
         "the target's passes of up to 8 tokens through an AOTInductor package over a static cache "
-        "(hf engine, chain methods); built once per machine (about 1.5 min on 2 cores, untimed) and "
+        "(hf engine, the methods of our own loop, token trees included); built once per machine (about "
+        "1-2 min on 2 cores, untimed) and "
         "loaded by later runs; the time is reported",
     )
     llamacpp_engine.add_engine_arg(p)

@@ -44,6 +44,18 @@ INDUCTOR_CONFIGS = {
     "max_autotune_report_choices_stats": False,
     "autotune_num_choices_displayed": 0,
 }
+# In bfloat16 and float16, freezing alone: on an AMD Zen5 with avx512_bf16 max-autotune's GEMM
+# templates made the decode step slower (22.0-23.0 ms against 18.4-19.3, docs/results.md) and the
+# build twice as long (1 min 57 s against 59 s).
+HALF_INDUCTOR_CONFIGS = {"freezing": True}
+
+
+def inductor_configs(dtype: str) -> dict:
+    # A copy: aoti_compile_and_package adds its own keys to the dict it is given, and a package's
+    # name is made from these settings.
+    return dict(INDUCTOR_CONFIGS if dtype == "float32" else HALF_INDUCTOR_CONFIGS)
+
+
 FIRST_BUCKET = 512
 # The longest pass a package runs; longer ones (prompts) run eagerly.
 MAX_PASS = 8
@@ -116,6 +128,7 @@ def weights_stamp(path: str) -> list:
 
 def package_path(lm: LoadedModel, length: int, masked: bool = True) -> Path:
     fp = {**lm.fingerprint(compiled=True), "weights": weights_stamp(lm.path), "package": PACKAGE_SCHEMA}
+    fp["inductor"] = inductor_configs(lm.spec.dtype)
     if not masked:
         fp["masked"] = False
     slug = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in Path(lm.spec.name).name)
@@ -272,7 +285,7 @@ class CompiledSteps:
             with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
                 warnings.simplefilter("ignore", UserWarning)
                 torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(partial), inductor_configs=INDUCTOR_CONFIGS
+                    program, package_path=str(partial), inductor_configs=inductor_configs(self.lm.spec.dtype)
                 )
             os.replace(partial, path)  # whole or absent, also with two processes at once
         (path.parent / "model.json").write_text(
