@@ -150,6 +150,44 @@ def test_compiled_eagle_writes_plain_decodings_tokens(story_model, story_head):
     assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, "compiled eagle")
     # The head read the compiled target's features for every final token but the last.
     assert decoder.proposer.draft.known == len(ids) + len(got.tokens) - 1
+    # Its own passes ran through its own package, but for the prompt's catch-up.
+    head = decoder.proposer.draft
+    assert head.compiled is not None and head.compiled.calls >= head.forward_calls - 1 > 0
+
+
+def test_the_compiled_head_gives_the_eager_heads_logits_over_chains_and_trees(story_model, story_head):
+    """The head's passes through its package over a static cache: the eager head's logits and
+    outputs, for a catch-up chain, tree levels (a 4-D mask widened to the bucket) and after a crop."""
+    from draftlab.drafters.eagle3.cached import HeadModel
+
+    layers = story_head.model.aux_layers
+    ids = encode_prompt(story_model, "Once upon a time, there was a big red ball.", chat=False)
+    target = CachedModel(story_model)
+    target.start(ids)
+    target.forward(ids, features=layers)
+    aux = target.features
+    eager, compiled = HeadModel(story_head), HeadModel(story_head, compiled=True)
+    tol = sum_tol(reduction_length(story_head.model.config), scale=30.0)
+    for head in (eager, compiled):
+        head.start(ids)
+        head.take_features(0, aux)
+    a, b = eager.forward(ids), compiled.forward(ids)  # the prompt's catch-up: eager over the static cache
+    finite = torch.isfinite(a)
+    torch.testing.assert_close(b[finite], a[finite], atol=tol, rtol=0)
+    calls = compiled.compiled.calls
+    for step in (
+        dict(new_ids=[5]),
+        dict(new_ids=[7, 9, 11], tree=[-1, -1, -1]),
+        dict(new_ids=[3, 4], tree=[0, 1]),
+    ):
+        a, b = eager.forward(**step), compiled.forward(**step)
+        torch.testing.assert_close(b[finite[: len(b)]], a[finite[: len(a)]], atol=tol, rtol=0)
+    assert compiled.compiled.calls == calls + 3, "every pass of up to 8 tokens ran through the package"
+    torch.testing.assert_close(compiled._own, eager._own, atol=tol, rtol=0)
+    for head in (eager, compiled):
+        head.crop(len(ids) + 1)
+    a, b = eager.forward([8]), compiled.forward([8])  # a drafted token reads its parent's output
+    torch.testing.assert_close(b[finite[:1]], a[finite[:1]], atol=tol, rtol=0)
 
 
 def test_a_static_cache_grows_past_its_bucket(tiny_pair):

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
 from draftlab.bench.suites import Example
-from draftlab.decode.build import build_decoder, compiled_passes
+from draftlab.decode.build import build_decoder, compiled_passes, warm_compiled_passes
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import Decoder, DecoderConfig
 from draftlab.errors import DraftlabError
@@ -318,7 +318,7 @@ def warm_compiled(
 
         for variant, lengths in plan:
             for length in lengths:
-                variant.decoder.target.warm(length, compiled_passes(variant.config), on_pass)
+                warm_compiled_passes(variant.decoder, length, variant.config, on_pass)
 
 
 def to_record(

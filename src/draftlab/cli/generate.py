@@ -23,7 +23,7 @@ from draftlab.cli.common import (
     sampling_from,
 )
 from draftlab.cli.engines import check_methods
-from draftlab.decode.build import build_decoder, check_fits, compiled_passes
+from draftlab.decode.build import build_decoder, check_fits, compiled_passes, warm_compiled_passes
 from draftlab.decode.spec import method_names
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             def on_pass(length: int, size: int) -> None:
                 progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
 
-            decoder.target.warm(len(ids) + RESERVE, compiled_passes(config), on_pass)
+            warm_compiled_passes(decoder, len(ids) + RESERVE, config, on_pass)
         compiled = compile_seconds(target)
         seconds = ", ".join(
             f"{c['seconds']:.1f} s ({c['package']}, {n}-token cache)" for n, c in compiled.items()

@@ -31,6 +31,15 @@ def compiled_passes(config: DecoderConfig) -> tuple[int, ...]:
     return PASS_SIZES if config.spec.speculative else (1,)
 
 
+def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=None) -> None:
+    """Get every package a compiled decoder runs over the bucket that holds `needed` ready, untimed:
+    the target's, and an EAGLE head's where it drafts (its passes: one token, a tree level)."""
+    decoder.target.warm(needed, compiled_passes(config), on_pass)
+    head = getattr(getattr(decoder, "proposer", None), "draft", None)
+    if getattr(head, "compiled", None) is not None:
+        head.warm(needed, (1, min(config.tree_width, MAX_PASS)) if config.spec.tree else (1,))
+
+
 def most_drafts(config: DecoderConfig, n: int) -> int:
     """Drafts per round: with --compile, no more than the longest compiled pass verifies (a longer
     pass runs eagerly and cost 2-3x a compiled one on an AMD Zen5)."""

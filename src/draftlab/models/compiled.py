@@ -208,14 +208,7 @@ class CompiledSteps:
         if runner is None:
             t0 = time.perf_counter()
             path = package_path(self.lm, length, self.masked)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Another process (a second run, a test worker) may be building the same package:
-            # wait for it and load its package rather than compile it again.
-            with FileLock(str(path.with_suffix(".lock"))):
-                self.loaded[length] = path.exists()
-                if not path.exists():
-                    self._build(cache, path)
-            runner = torch._inductor.aoti_load_package(str(path))
+            runner, self.loaded[length] = ready_package(path, lambda p: self._build(cache, p))
             self._check_one_token(runner, cache)
             self.runners[length] = runner
             self.compile_seconds[length] = time.perf_counter() - t0
@@ -279,18 +272,36 @@ class CompiledSteps:
         # The exported graph runs eagerly in about a second: a pass it cannot take is found before
         # inductor spends a minute compiling and autotuning it.
         self._check_one_token(program.module(), cache)
-        with torch.inference_mode(False), torch.no_grad():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-            with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
-                warnings.simplefilter("ignore", UserWarning)
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(partial), inductor_configs=inductor_configs(self.lm.spec.dtype)
-                )
-            os.replace(partial, path)  # whole or absent, also with two processes at once
+        write_package(program, path, self.lm.spec.dtype)
         (path.parent / "model.json").write_text(
             json.dumps({"model": self.lm.spec.name, "path": self.lm.path})
         )
+
+
+def ready_package(path: Path, build) -> tuple[object, bool]:
+    """(the package at `path`, loaded; whether an earlier run had built it). `build(path)` makes it
+    first where it is absent. Another process (a second run, a test worker) may be building the
+    same package: wait for it and load its package rather than compile it again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.with_suffix(".lock"))):
+        earlier = path.exists()
+        if not earlier:
+            build(path)
+    return torch._inductor.aoti_load_package(str(path)), earlier
+
+
+def write_package(program, path: Path, dtype: str) -> None:
+    """Compile an exported program into a package at `path`, whole or absent (also with two
+    processes at once)."""
+    with torch.inference_mode(False), torch.no_grad():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
+        with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+            warnings.simplefilter("ignore", UserWarning)
+            torch._inductor.aoti_compile_and_package(
+                program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
+            )
+        os.replace(partial, path)
 
 
 def _cache_args(cache: StaticCache) -> tuple[list, list, list]:

@@ -15,9 +15,11 @@ from typing import ClassVar
 import torch
 from transformers import DynamicCache
 
+from draftlab.drafters.eagle3.compiled import compiled_head
 from draftlab.drafters.eagle3.head import Eagle3Head
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import TreeArea, crop_sequence
+from draftlab.models.compiled import RESERVE, bucket_mask
 from draftlab.models.loading import LoadedModel, ModelSpec
 
 
@@ -62,8 +64,10 @@ class HeadLM:
 class HeadModel:
     """The head with its own KV cache (a transformers DynamicCache, rolled back with `crop`)."""
 
-    def __init__(self, lm: HeadLM, blind: bool = False) -> None:
+    def __init__(self, lm: HeadLM, blind: bool = False, compiled: bool = False) -> None:
         self.lm = lm
+        # Passes through the head's compiled package over a static cache (drafters/eagle3/compiled.py).
+        self.compiled = compiled_head(lm) if compiled else None
         self.head = lm.model
         self.device = lm.device
         self.blind = blind  # profiling only: a position without a known feature reads zeros
@@ -98,7 +102,10 @@ class HeadModel:
 
     def start(self, prompt_ids: list[int]) -> list[int]:
         self._tokens = []
-        self._cache = DynamicCache()
+        if self.compiled is not None:
+            self._cache = self.compiled.new_cache(len(prompt_ids) + RESERVE)
+        else:
+            self._cache = DynamicCache()
         self._own = self._own[:0]
         self._features = self._features[:0]
         self._first_own = None
@@ -169,16 +176,44 @@ class HeadModel:
         head = self.head
         ids = torch.tensor([new_ids], device=self.device)
         features = torch.stack(feats)[None]
+        place = torch.tensor([positions], device=self.device)
+        keep = n if keep is None else min(keep, n)
+        if self.compiled is not None:
+            out, small = self._static_pass(ids, features, place, mask, tree is not None)
+            self._own = torch.cat([self._own[:start], out])
+            self.forward_calls += 1
+            return head.to_target(small[-keep:], self.lm.vocab_size).float()
         embeds = head.embed_tokens(ids).to(self.dtype)
-        cos, sin = head.rope(features, torch.tensor([positions], device=self.device))
+        cos, sin = head.rope(features, place)
         layer = head.layer
         q, k, v, residual = layer.project(embeds, features, cos, sin)
         k, v = self._cache.update(k, v, 0)
         out = layer.finish(q, k, v, mask, residual)[0]
         self._own = torch.cat([self._own[:start], out])
         self.forward_calls += 1
-        keep = n if keep is None else min(keep, n)
         return head.full_logits(out[-keep:], self.lm.vocab_size).float()
+
+    def _static_pass(self, ids, features, positions, mask, tree: bool):
+        """A pass over the static cache: a chain's mask is causal over the bucket, a tree's is
+        widened to it (the slots past the tree masked)."""
+        cache = self._cache
+        if len(self._tokens) > cache.capacity:
+            cache = self._cache = self.compiled.grown(cache, len(self._tokens))
+        n = ids.shape[1]
+        mask = bucket_mask(mask, cache.capacity) if tree else cache.mask(n, self.dtype)
+        return self.compiled(cache, ids, features, positions, mask)
+
+    def warm(self, needed: int, sizes: tuple[int, ...] = (1,)) -> None:
+        """Get the package of the bucket that holds `needed` ready (untimed), and run these passes once."""
+        if self.compiled is None:
+            return
+        cache = self.compiled.new_cache(needed)
+        for n in sizes:
+            ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
+            features = torch.zeros((1, n, self.hidden), dtype=self.dtype, device=self.device)
+            with torch.inference_mode():
+                self.compiled(cache, ids, features, torch.arange(n)[None], cache.mask(n, self.dtype))
+            cache.length.zero_()
 
     def crop(self, length: int) -> None:
         self._tree = None

@@ -135,7 +135,10 @@ class Eagle3Head(nn.Module):
 
     def full_logits(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Logits over the target's vocabulary: -inf outside the draft vocabulary."""
-        small = self.logits(hidden)
+        return self.to_target(self.logits(hidden), vocab_size)
+
+    def to_target(self, small: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Draft-vocabulary logits spread over the target's vocabulary (-inf elsewhere)."""
         out = small.new_full((*small.shape[:-1], vocab_size), float("-inf"))
         out[..., self.draft_to_target] = small
         return out
