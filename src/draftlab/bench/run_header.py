@@ -130,6 +130,13 @@ def compiled_line(extra: dict) -> str | None:
                 f"{n}-token cache {c['package']} in {c['seconds']:.1f} s" for n, c in packages.items()
             )
         )
+    single = extra.get("one_token_passes")
+    if single:
+        ms = single["ms"]
+        how = "run as two-token ones" if single["padded"] else "run as they are"
+        parts.append(
+            f"one-token passes {how} ({ms['one']:.1f} ms alone, {ms['padded']:.1f} ms padded to two)"
+        )
     peak = extra.get("peak_rss_mb")
     if peak:
         parts.append(

@@ -211,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         before = peak_rss_mb()
         warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
         extra["compile_s"] = compile_record(variants)
+        steps = next(v.decoder.target.compiled for v in variants if v.config.compile)
+        if steps.single_ms:
+            extra["one_token_passes"] = {"padded": steps.pad_single, "ms": steps.single_ms}
         # Peak resident memory with every model loaded, then with the packages loaded and run too.
         extra["peak_rss_mb"] = {"before_packages": before, "with_packages": peak_rss_mb()}
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement

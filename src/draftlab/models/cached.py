@@ -8,6 +8,8 @@ the encoder once and the sequence starts with the decoder start token.
 from __future__ import annotations
 
 import inspect
+import statistics
+import time
 import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -24,6 +26,7 @@ from draftlab.models.compiled import (
     bucket_mask,
     capacity,
     compiled_steps,
+    pads,
 )
 from draftlab.models.loading import LoadedModel
 
@@ -165,8 +168,27 @@ class CachedModel:
                 self.crop(0)
                 if on_pass:
                     on_pass(capacity(self._cache), size)
+            if self.compiled.pad_single is None:
+                self._choose_padding()
         finally:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
+
+    def _choose_padding(self, repeats: int = 7) -> None:
+        """Time one-token passes as they are and padded to two (models/compiled.py `pads`)."""
+        steps = self.compiled
+        medians = {}
+        for padded in (False, True):
+            steps.pad_single = padded
+            self.forward([0])
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                self.forward([0])
+                times.append((time.perf_counter() - t0) * 1000)
+            self.crop(0)
+            medians["padded" if padded else "one"] = statistics.median(times)
+        steps.single_ms = {k: round(v, 2) for k, v in medians.items()}
+        steps.pad_single = pads(medians["one"], medians["padded"])
 
     def _static_forward(self, feed: torch.Tensor, kwargs: dict):
         """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt.
