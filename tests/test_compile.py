@@ -549,3 +549,17 @@ def test_one_token_passes_run_padded_to_two_where_that_is_faster(story_model):
         torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
     finally:
         steps.pad_single = decided
+
+
+def test_models_compiled_lists_the_packages_and_clear_removes_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DRAFTLAB_COMPILED_DIR", str(tmp_path / "compiled"))
+    folder = tmp_path / "compiled" / "smollm2-135m-instruct-float32-0123456789abcdef"
+    folder.mkdir(parents=True)
+    for name, size in (("512.pt2", 3_000_000), ("1024.pt2", 2_000_000), ("model.json", 10)):
+        (folder / name).write_bytes(b"\0" * size)
+    assert main(["models", "compiled"]) == 0
+    out = capsys.readouterr().out
+    assert "512, 1024" in out and "5 MB" in out and "--clear" in out
+    assert main(["models", "compiled", "--clear"]) == 0
+    assert "removed 1 package folders (0.01 GB)" in capsys.readouterr().out
+    assert not folder.exists()

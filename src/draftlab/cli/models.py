@@ -1,4 +1,5 @@
-"""`draftlab models list|fetch|export-gguf`: the offline model registry, and GGUF files for llama.cpp."""
+"""`draftlab models list|fetch|export-gguf|compiled`: the offline model registry, GGUF files for
+llama.cpp, and the compiled packages built on this machine."""
 
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--reference", default=None, help="GGUF whose tokenizer to copy (default: the default target's)"
     )
     export.set_defaults(func=run_export)
+    packages = sub.add_parser(
+        "compiled",
+        help="list the compiled packages built on this machine (--compile), with their sizes; --clear removes them",
+        description="Each folder holds one model's AOTInductor packages in one dtype, one per static-cache "
+        "length (512, 1024, ... tokens); a later run rebuilds what it needs.",
+    )
+    packages.add_argument("--clear", action="store_true", help="remove every compiled package")
+    packages.set_defaults(func=run_compiled)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -205,3 +214,32 @@ def _check_export(lm, path: str) -> dict | None:
         "positions": positions,
         "max_abs_diff": worst,
     }
+
+
+def run_compiled(args: argparse.Namespace) -> int:
+    import shutil
+
+    from draftlab.models.compiled import compiled_dir
+
+    root = compiled_dir()
+    console = Console()
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    sizes = {f: sum(p.stat().st_size for p in f.rglob("*") if p.is_file()) for f in folders}
+    if args.clear:
+        for folder in folders:
+            shutil.rmtree(folder)
+        console.print(
+            f"removed {len(folders)} package folders ({sum(sizes.values()) / 1e9:.2f} GB) from {root}"
+        )
+        return 0
+    table = Table(title=f"compiled packages in {root}")
+    for column in ("folder", "packages", "size"):
+        table.add_column(column)
+    for folder in folders:
+        packages = ", ".join(sorted((p.stem for p in folder.glob("*.pt2")), key=int)) or "-"
+        table.add_row(folder.name, packages, f"{sizes[folder] / 1e6:.0f} MB")
+    console.print(table)
+    console.print(
+        f"{sum(sizes.values()) / 1e9:.2f} GB in all; `draftlab models compiled --clear` removes them"
+    )
+    return 0
