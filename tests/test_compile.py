@@ -563,3 +563,40 @@ def test_models_compiled_lists_the_packages_and_clear_removes_them(tmp_path, mon
     assert main(["models", "compiled", "--clear"]) == 0
     assert "removed 1 package folders (0.01 GB)" in capsys.readouterr().out
     assert not folder.exists()
+
+
+def test_without_a_working_compiler_compile_fails_in_one_line_and_profile_goes_on_eagerly(
+    tiny_pair, tmp_path, monkeypatch, capsys
+):
+    """AOTInductor needs a C++ compiler: without one, `--compile` stops with a one-line error, and
+    `draftlab profile --compile` (the README's first command) measures the eager profiles anyway, so
+    that `draftlab bench` runs our loop eagerly."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("DRAFTLAB_COMPILED_DIR", str(tmp_path / "compiled"))
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
+    target = str(tiny_pair["gpt_neox"][0])
+    argv = ["generate", "hello", "--target", target, "--method", "ar", "--dtype", "float32", "--compile"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    one_line(error, ["--compile could not build a package", "run without --compile"])
+    assert not list((tmp_path / "compiled").rglob("*.pt2")), "no package, not even a partial one"
+    out = tmp_path / "profile"
+    argv = [
+        "profile",
+        "--target",
+        target,
+        "--dtype",
+        "float32",
+        "--compile",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    assert "no compiled profile of" in capsys.readouterr().out
+    results = json.loads((out / "profile.json").read_text())
+    assert "float32" in results["compile_failed"] and "target/float32" in results["profiles"]

@@ -126,10 +126,23 @@ def run(args: argparse.Namespace) -> int:
             name = lm.spec.name
             compiled = args.compile and role == "target"
             kind = ", compiling its passes first" if compiled else ""
-            with console.status(f"profiling {name} ({lm.spec.dtype}{kind})"):
-                profile, measured = load_or_measure(
-                    lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats, compiled=compiled
-                )
+            try:
+                with console.status(f"profiling {name} ({lm.spec.dtype}{kind})"):
+                    profile, measured = load_or_measure(
+                        lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats, compiled=compiled
+                    )
+            except DraftlabError as error:
+                if not compiled:
+                    raise
+                # No package here (no C++ compiler, a model that does not export): the eager
+                # profiles still serve, and `draftlab bench` then runs our loop eagerly.
+                console.print(f"[yellow]no compiled profile of {name} ({lm.spec.dtype}): {error}[/]")
+                results.setdefault("compile_failed", {})[lm.spec.dtype] = str(error)
+                compiled = False
+                with console.status(f"profiling {name} ({lm.spec.dtype})"):
+                    profile, measured = load_or_measure(
+                        lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
+                    )
             source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
             engine = " · llama.cpp" if lm.engine == "llamacpp" else (" · compiled" if compiled else "")
             console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))

@@ -313,11 +313,18 @@ def write_package(program, path: Path, dtype: str) -> None:
     with torch.inference_mode(False), torch.no_grad():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.pt2")
-        with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
-            warnings.simplefilter("ignore", UserWarning)
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
-            )
+        try:
+            with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+                warnings.simplefilter("ignore", UserWarning)
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
+                )
+        except Exception as error:  # noqa: BLE001 - a missing or failing C++ compiler, among others
+            partial.unlink(missing_ok=True)
+            raise DraftlabError(
+                f"--compile could not build a package ({type(error).__name__}: {first_line(error)[:300]}); "
+                "run without --compile"
+            ) from None
         os.replace(partial, path)
 
 
