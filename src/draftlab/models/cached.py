@@ -173,20 +173,20 @@ class CachedModel:
         finally:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
 
-    def _choose_padding(self, repeats: int = 7) -> None:
-        """Time one-token passes as they are and padded to two (models/compiled.py `pads`)."""
+    def _choose_padding(self, repeats: int = 11) -> None:
+        """Time one-token passes as they are and padded to two (models/compiled.py `pads`),
+        alternately, so that a machine slowing down or speeding up meanwhile weighs on both alike."""
         steps = self.compiled
-        medians = {}
-        for padded in (False, True):
-            steps.pad_single = padded
-            self.forward([0])
-            times = []
-            for _ in range(repeats):
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(repeats + 1):
+            for padded in (False, True):
+                steps.pad_single = padded
                 t0 = time.perf_counter()
                 self.forward([0])
-                times.append((time.perf_counter() - t0) * 1000)
-            self.crop(0)
-            medians["padded" if padded else "one"] = statistics.median(times)
+                if i:  # the first round warms both
+                    times[padded].append((time.perf_counter() - t0) * 1000)
+        self.crop(0)
+        medians = {"one": statistics.median(times[False]), "padded": statistics.median(times[True])}
         steps.single_ms = {k: round(v, 2) for k, v in medians.items()}
         steps.pad_single = pads(medians["one"], medians["padded"])
 
