@@ -503,6 +503,9 @@ def test_bench_runs_compiled_by_default_where_the_profiles_predict_it_faster(
     faster = choice()
     assert faster.compiled and not faster.eager and faster.why.startswith("compiled:")
     assert (choice("--no-compile").compiled, choice("--compile").eager) == (False, True)
+    # Within 10% (AVX2 kernels on the Zen5: 2.25 s against 2.27 s, then 0.95x eager ar): eager.
+    _profiles(lm, [28.5, 29.0, 29.5, 31.0], [30.0, 30.5, 31.0, 33.0])
+    assert choice().why.startswith("eager:")
     _profiles(lm, [40.0, 41.0, 42.0, 44.0], [30.0, 30.5, 31.0, 33.0])
     slower = choice()
     assert not slower.compiled and slower.eager and slower.why.startswith("eager:")

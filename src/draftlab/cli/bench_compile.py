@@ -2,9 +2,9 @@
 
 `--compile` adds a compiled copy of every method of our loop beside the eager one; `--no-compile`
 runs them eagerly only. Without either, the cost profiles decide: where this machine's cached
-profile of the target's compiled passes predicts plain decoding faster than the eager profile does,
-every method but `ar` runs compiled only (the fastest way our loop runs it here) and `ar` runs both
-ways; without a compiled profile the run stays eager and its plan says how to build one. The
+profile of the target's compiled passes predicts plain decoding at least 10% faster than the eager
+profile does, every method but `ar` runs compiled only (the fastest way our loop runs it here) and
+`ar` runs both ways; without a compiled profile the run stays eager and its plan says how to build one. The
 package is built, and its profile measured, by `draftlab profile --compile` (the README's first
 command runs it), never by a default run: a build takes minutes.
 """
@@ -18,6 +18,10 @@ from draftlab.cli.common import machine_profile
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
 
+# Compiled must be predicted at least this much faster: under AVX2 kernels on the Zen5 it was
+# predicted 2.25 s against 2.27 s eager, and then ran at 0.95x eager `ar`, its lookups at 1.06-1.10x
+# where the eager ones gain more (their verification is flatter there).
+MARGIN = 0.9
 # Where the two profiles are set against each other: a typical prompt and the default answer length.
 PROMPT_TOKENS = 256
 NEW_TOKENS = 64
@@ -56,6 +60,6 @@ def compile_choice(args: argparse.Namespace, target: LoadedModel) -> CompileChoi
         f"plain decoding of a {PROMPT_TOKENS}-token prompt and {NEW_TOKENS} new tokens predicted "
         f"{compiled_ms / 1000:.2f} s compiled, {eager_ms / 1000:.2f} s eager ({target.spec.dtype})"
     )
-    if compiled_ms < eager_ms:
+    if compiled_ms < MARGIN * eager_ms:
         return CompileChoice(True, False, f"compiled: {figures}")
     return CompileChoice(False, True, f"eager: {figures}")
