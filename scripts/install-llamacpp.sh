@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# llama-cpp-python, for `--engine llamacpp`, into the active virtual environment (default: .venv).
+# llama.cpp for draftlab's two llama.cpp engines, compiled once per CPU and version:
+#   - llama-cpp-python (`--engines llamacpp`), into the active virtual environment (default: .venv);
+#   - llama-server (`--engines llama-server`), with llama.cpp's converter beside it.
 #
-# PyPI has only its sdist, so its wheel is compiled here with cmake, once per machine: 4 min on a
-# 2-core AMD Zen5 with these flags, up to ~8 on slower cores. The wheel is kept outside the clone,
-# in a folder named by the version, the Python, the build flags and this CPU (its model and flags:
-# GGML_NATIVE compiles for this CPU only), so a second run, another clone or another environment
-# on this machine installs it in seconds and a machine with another CPU builds its own.
+# PyPI has only llama-cpp-python's sdist. Its vendored llama.cpp is configured once, in one cmake
+# tree, as shared libraries (libllama, libggml*, libllama-common) and the llama-server that links
+# them; only those targets are built. llama-cpp-python itself is then packaged without a build of
+# its own (its LLAMA_BUILD=OFF), and those same libraries are put into its wheel. Everything lands
+# in one folder outside the clone, named by the version, the Python, the build flags and this CPU
+# (GGML_NATIVE compiles for this CPU only), so another clone or environment on this machine
+# installs in seconds and a machine with another CPU builds its own:
+#   <cache>/llama.cpp-<version>-<py>-<cpu key>/{bin/llama-server, bin/lib*.so*, wheel/*.whl,
+#                                               cpu.txt, convert_hf_to_gguf.py, conversion/, gguf-py/}
 #
-#   DRAFTLAB_BUILD_CACHE  where built wheels are kept (default ~/.cache/draftlab/builds)
-#   LLAMACPP_REBUILD=1    build again even where a wheel is cached
+#   DRAFTLAB_BUILD_CACHE  where builds are kept (default ~/.cache/draftlab/builds)
+#   LLAMACPP_REBUILD=1    build again even where a build is cached
 #   LLAMACPP_OPTIONAL=1   a failed build (no compiler) warns and exits 0: draftlab then runs without
-#                         the llama.cpp engine and its reports say so
-#   CMAKE_ARGS            more flags for cmake (e.g. -DGGML_CUDA=ON on a CUDA machine), appended
+#                         the llama.cpp engines and its reports say so
+#   CMAKE_ARGS            more flags for cmake (e.g. -DGGML_NATIVE=OFF -DGGML_AVX512=OFF to build
+#                         for an AVX2-only CPU; -DGGML_CUDA=ON on a CUDA machine), appended
 #
 # Build flags, and why:
-#   GGML_NATIVE=ON   -march=native: the kernels use this CPU's own ISA (AVX2, AVX-512, VNNI, AMX),
-#                    as torch's do, so the two engines are compared on the same hardware features.
-#   LLAVA_BUILD=OFF  skips the multimodal library (mtmd), which text decoding never loads.
+#   GGML_NATIVE=ON          -march=native: the kernels use this CPU's own ISA (AVX2, AVX-512, VNNI,
+#                           AMX), as torch's do, so engines are compared on the same hardware.
+#   BUILD_SHARED_LIBS=ON    one copy of ggml and llama, loaded by Python and linked by the server.
+#   INSTALL_RPATH=$ORIGIN   the server and each library find the others in their own folder,
+#                           wherever the folder (or the wheel's llama_cpp/lib) is.
 #
 # Dependencies: numpy, typing-extensions, diskcache and jinja2, none of which torch 2.13.0 or
 # transformers 5.24 pin; the check below fails the script if pip changed torch or transformers.
@@ -29,53 +38,118 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 before="$(python -c 'import torch, transformers; print(torch.__version__, transformers.__version__)')"
 cores="$(nproc 2>/dev/null || echo 2)"
-export CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}"
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$cores}"
+jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$cores}"
+flags="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}"
 python_tag="$(python -c 'import sys; print(f"py{sys.version_info.major}{sys.version_info.minor}")')"
-cpu_key="$( (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; echo "$CMAKE_ARGS") 2>/dev/null \
+cpu_key="$( (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo; echo "$flags") 2>/dev/null \
     | sha256sum | cut -c1-12)"
 cache="${DRAFTLAB_BUILD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/draftlab/builds}"
-wheels="$cache/llama-cpp-python-$version-$python_tag-$cpu_key"
+dest="$cache/llama.cpp-$version-$python_tag-$cpu_key"
 
-# Runs "$@" in the background with its output in log $1, printing ninja's "[done/total]" counter every 20 s.
+# Runs "$@" in the background with its output in log $2, printing ninja's "[done/total]" step
+# counter every 20 s with an ETA from the steps done so far.
 watch_build() {
-    local what="$1" log="$2" t0
+    local what="$1" log="$2" t0 step done total eta
     shift 2
     t0=$(date +%s)
     "$@" > "$log" 2>&1 &
     local pid=$!
     while kill -0 "$pid" 2>/dev/null; do
         sleep 20
-        step="$(grep -o '\[[0-9]*/[0-9]*\]' "$log" 2>/dev/null | tail -n 1 || true)"
-        echo "  building $what: ${step:-configuring} after $(( $(date +%s) - t0 )) s"
+        step="$(grep -o '\[[0-9]*/[0-9]*\]' "$log" 2>/dev/null | tail -n 1 | tr -d '[]' || true)"
+        local elapsed=$(( $(date +%s) - t0 ))
+        if [ -n "$step" ]; then
+            done="${step%/*}"
+            total="${step#*/}"
+            eta=""
+            [ "$done" -gt 0 ] && eta=", about $(( (elapsed * (total - done) / done + 30) / 60 )) min left"
+            echo "  building $what: step $done of $total after $elapsed s$eta"
+        else
+            echo "  building $what: configuring after $elapsed s"
+        fi
     done
     wait "$pid"
 }
 
+build() {
+    local work="$1"
+    # Every step ends the build on failure: `set -e` does not hold inside `if ! watch_build ...`.
+    pip download -q --no-binary :all: --no-deps -d "$work" "llama-cpp-python==$version" || return 1
+    tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work" || return 1
+    local src="$work/llama_cpp_python-$version"
+    # shellcheck disable=SC2086  # $flags is a list of cmake flags
+    cmake -S "$src/vendor/llama.cpp" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $flags || return 1
+    cmake --build "$work/build" --target llama ggml llama-server -j "$jobs" || return 1
+    # The Python package without a compile of its own: its bindings, then our libraries inside.
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" pip wheel -q --no-deps --no-cache-dir -w "$work/pure" "$src" \
+        || return 1
+    mkdir -p "$work/out/bin" "$work/out/wheel"
+    cp -a "$work/build/bin/llama-server" "$work/build/bin/"lib*.so* "$work/out/bin/" || return 1
+    python - "$work/pure"/llama_cpp_python-*.whl "$work/out/bin" "$work/out/wheel" <<'EOF'
+"""Copies a wheel, adding the build's libraries under llama_cpp/lib and listing them in RECORD: the
+names Python loads (libllama.so, libggml.so) and the sonames they link (libggml-base.so.0, ...); a
+wheel holds no symlinks, and the server's own libraries stay beside the server."""
+import base64
+import hashlib
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+wheel, libs, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+server_only = ("libllama-common", "libllama-server-impl", "libmtmd")
+added = {
+    f"llama_cpp/lib/{p.name}": p.read_bytes()
+    for p in sorted(libs.glob("lib*.so*"))
+    if re.fullmatch(r"lib[\w.-]+?\.so(\.\d+)?", p.name) and not p.name.startswith(server_only)
+}
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out / wheel.name, "w", zipfile.ZIP_DEFLATED) as dst:
+    record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+    record = src.read(record_name).decode()
+    for item in src.infolist():
+        if item.filename != record_name:
+            dst.writestr(item, src.read(item.filename))
+    for name, data in added.items():
+        info = zipfile.ZipInfo(name)
+        info.external_attr = 0o755 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        dst.writestr(info, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(data)}\n"
+    dst.writestr(record_name, record)
+EOF
+    [ -n "$(ls "$work/out/wheel"/*.whl 2>/dev/null)" ] || return 1
+    # draftlab uses a server built for this CPU only (GGML_NATIVE): these lines name it.
+    (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo) > "$work/out/cpu.txt" 2>/dev/null || true
+    # The converter that writes our EAGLE-3 head (and drafts) as GGUF for the server, with its gguf-py.
+    cp -r "$src/vendor/llama.cpp/convert_hf_to_gguf.py" "$src/vendor/llama.cpp/conversion" \
+        "$src/vendor/llama.cpp/gguf-py" "$work/out/" 2>/dev/null || true
+}
+
 start=$(date +%s)
-wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1 || true)"
-if [ -z "$wheel" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
-    echo "building llama-cpp-python==$version from its sdist for this CPU, once (CMAKE_ARGS: $CMAKE_ARGS;" \
-        "$CMAKE_BUILD_PARALLEL_LEVEL jobs; about 4-8 min on 2 cores); the wheel is kept in $wheels"
+wheel="$(ls "$dest"/wheel/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1 || true)"
+if [ -z "$wheel" ] || [ ! -x "$dest/bin/llama-server" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
+    echo "building llama.cpp (vendored by llama-cpp-python==$version) for this CPU, once: its libraries" \
+        "and llama-server in one cmake tree ($flags; $jobs jobs; about 4-10 min on 2 cores); kept in $dest"
     mkdir -p "$cache"
     work="$(mktemp -d "$cache/.build-XXXXXX")"
-    log="$work/build.log"
-    if ! watch_build llama.cpp "$log" pip wheel -v --no-deps --no-cache-dir -w "$work" "llama-cpp-python==$version"; then
-        tail -n 30 "$log" >&2
-        rm -rf "$work"
+    trap 'rm -rf "$work"' EXIT
+    if ! watch_build llama.cpp "$work/build.log" build "$work"; then
+        tail -n 30 "$work/build.log" >&2
         if [ -n "${LLAMACPP_OPTIONAL:-}" ]; then
-            echo "WARNING: llama-cpp-python could not be built (log above); draftlab runs without the" \
-                "llama.cpp engine. Install a C++ compiler and cmake, then run scripts/install-llamacpp.sh" >&2
+            echo "WARNING: llama.cpp could not be built (log above); draftlab runs without the llama.cpp" \
+                "engines. Install a C++ compiler and cmake, then run scripts/install-llamacpp.sh" >&2
             exit 0
         fi
         exit 1
     fi
-    rm -rf "$wheels"
-    mkdir -p "$wheels"
-    mv "$work"/llama_cpp_python-*.whl "$wheels"/
-    rm -rf "$work"
-    wheel="$(ls "$wheels"/llama_cpp_python-"$version"-*.whl | head -n 1)"
-    echo "built in $(( $(date +%s) - start )) s: $wheel"
+    rm -rf "$dest"
+    mv "$work/out" "$dest"
+    wheel="$(ls "$dest"/wheel/llama_cpp_python-"$version"-*.whl | head -n 1)"
+    echo "built in $(( $(date +%s) - start )) s: $dest"
 fi
 pip install -q --force-reinstall --no-deps "$wheel"
 pip install -q "$wheel"  # its dependencies, from PyPI or pip's cache
@@ -84,48 +158,8 @@ if [ "$before" != "$after" ]; then
     echo "llama-cpp-python changed torch/transformers: $before -> $after" >&2
     exit 1
 fi
-
-# llama-server, from the same sdist's vendored llama.cpp, for `--engine llama-server` (its own
-# drafters: n-gram, draft model, EAGLE-3, ...). pip builds the wheel in a temporary tree, so the
-# server is a second cmake tree, building that one target; kept beside the wheel, per CPU.
-#   LLAMA_SERVER=0  skip it
-if [ "${LLAMA_SERVER:-1}" != "0" ]; then
-    server_dir="$cache/llama-server-$version-$cpu_key"
-    if [ ! -x "$server_dir/bin/llama-server" ] || [ -n "${LLAMACPP_REBUILD:-}" ]; then
-        s_start=$(date +%s)
-        echo "building llama-server (llama.cpp vendored by llama-cpp-python==$version) for this CPU, once;" \
-            "about 5-9 min on 2 cores; kept in $server_dir"
-        mkdir -p "$cache"
-        swork="$(mktemp -d "$cache/.server-XXXXXX")"
-        slog="$swork/build.log"
-        build_server() {
-            pip download -q --no-binary :all: --no-deps -d "$swork" "llama-cpp-python==$version" &&
-                tar -xzf "$swork"/llama_cpp_python-"$version".tar.gz -C "$swork" &&
-                cmake -S "$swork/llama_cpp_python-$version/vendor/llama.cpp" -B "$swork/build" -G Ninja \
-                    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
-                    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF &&
-                cmake --build "$swork/build" --target llama-server -j "$CMAKE_BUILD_PARALLEL_LEVEL"
-        }
-        if watch_build llama-server "$slog" build_server; then
-            rm -rf "$server_dir"
-            mkdir -p "$server_dir/bin"
-            mv "$swork/build/bin/llama-server" "$server_dir/bin/"
-            # draftlab uses a server built for this CPU only (GGML_NATIVE): these lines name it.
-            (grep -m1 '^model name' /proc/cpuinfo; grep -m1 '^flags' /proc/cpuinfo) > "$server_dir/cpu.txt" 2>/dev/null || true
-            # The converter that writes our EAGLE-3 head (and drafts) as GGUF for it, with its gguf-py.
-            cp -r "$swork/llama_cpp_python-$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
-                "$swork/llama_cpp_python-$version/vendor/llama.cpp/conversion" \
-                "$swork/llama_cpp_python-$version/vendor/llama.cpp/gguf-py" "$server_dir/" 2>/dev/null || true
-            echo "llama-server built in $(( $(date +%s) - s_start )) s: $server_dir/bin/llama-server"
-        else
-            tail -n 30 "$slog" >&2
-            echo "WARNING: llama-server could not be built (log above); --engine llama-server is unavailable" >&2
-        fi
-        rm -rf "$swork"
-    fi
-    # llama.cpp's converter imports sentencepiece even for BPE tokenizers (our head's conversion).
-    python -c "import sentencepiece" 2>/dev/null || pip install -q sentencepiece
-fi
+# llama.cpp's converter imports sentencepiece even for BPE tokenizers (our head's conversion).
+python -c "import sentencepiece" 2>/dev/null || pip install -q sentencepiece
 
 python - "$(( $(date +%s) - start ))" <<'EOF'
 import sys

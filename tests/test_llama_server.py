@@ -53,11 +53,11 @@ def _fake_server(folder: Path, cpu: str) -> Path:
 def test_only_a_server_built_for_this_cpu_is_used(tmp_path, monkeypatch):
     monkeypatch.delenv(binary.ENV, raising=False)
     monkeypatch.setenv("DRAFTLAB_BUILD_CACHE", str(tmp_path))
-    _fake_server(tmp_path / "llama-server-0.3.36-other", "model name\t: Another CPU\nflags\t\t: sse2")
+    _fake_server(tmp_path / "llama.cpp-0.3.36-other", "model name\t: Another CPU\nflags\t\t: sse2")
     assert binary.find_server() is None
     with pytest.raises(DraftlabError, match="install-llamacpp.sh"):
         binary.server_binary()
-    mine = _fake_server(tmp_path / "llama-server-0.3.36-mine", binary.cpu_identity())
+    mine = _fake_server(tmp_path / "llama.cpp-0.3.36-mine", binary.cpu_identity())
     assert binary.find_server() == mine
     monkeypatch.setenv(binary.ENV, str(tmp_path / "missing"))
     with pytest.raises(DraftlabError, match="not an executable llama-server"):
@@ -80,8 +80,12 @@ def test_ngram_drafters_write_the_servers_own_ar_tokens_and_count_their_drafts(o
     greedy = SamplingParams()
     try:
         ar = LlamaServerDecoder(pool, [], own.tokenizer)
+        # ngram-simple drafts only after its lookup n-gram recurs, 12 tokens by default: whether a
+        # 48-token answer repeats 12 tokens in a row depends on the CPU's rounding (on a Zen3 no
+        # answer did, and it drafted nothing). A 3-gram recurs in any answer that copies its prompt.
+        size = ["--spec-ngram-simple-size-n", "3"]
         ngram = LlamaServerDecoder(
-            pool, ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"], own.tokenizer
+            pool, ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8", *size], own.tokenizer
         )
         drafted = 0
         for text in PROMPTS:
@@ -120,6 +124,29 @@ def test_the_server_is_stopped_on_success_on_error_and_on_ctrl_c(own, tmp_path):
     child = int(done.stdout.split()[0])
     assert "KeyboardInterrupt" in done.stderr
     assert not psutil.pid_exists(child), "llama-server outlived the process that started it"
+
+
+@needs_server
+def test_no_server_outlives_a_kill_9_of_the_process_that_started_it(own, tmp_path):
+    """`kill -9` runs no handler of ours: the kernel's parent-death signal stops the server."""
+    code = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from draftlab.engines.llama_server.server import LlamaServer\n"
+        f"s = LlamaServer(Path({str(SERVER)!r}), Path({own.path!r}), [], 1, 512, Path({str(tmp_path / 'l.log')!r})).start()\n"
+        "print(s.process.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert psutil.pid_exists(child)
+        parent.kill()  # SIGKILL
+        parent.wait(timeout=30)
+        gone = psutil.wait_procs([psutil.Process(child)], timeout=5)[0] if psutil.pid_exists(child) else [1]
+        assert gone, "llama-server outlived a kill -9 of its parent by 5 s"
+    finally:
+        parent.kill()
 
 
 @needs_server

@@ -797,7 +797,7 @@ def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
     buffer types off. The same load parameters, forced here: the probe runs with them and the model
     writes the default load's tokens (on a CPU without AMX the extra types never hold Q4_1)."""
     from draftlab.engines.llamacpp import probe as llamacpp_probe
-    from draftlab.engines.llamacpp.load import load_llamacpp
+    from draftlab.engines.llamacpp.load import load_llamacpp, model_params
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(llamacpp_probe, "cpu_flags", lambda: ["avx2", "avx512f", "amx_tile", "amx_bf16"])
@@ -806,8 +806,9 @@ def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
     probes = list((tmp_path / "home" / "llamacpp-probes").glob("*.json"))
     assert len(probes) == 1, "the file was probed once, with these parameters"
     monkeypatch.undo()
-    plain = load_llamacpp(TARGET, n_threads=1)
-    assert plain.llm.model_params.use_extra_bufts is True
+    plain = load_llamacpp(TARGET, n_threads=1)  # as this CPU loads it (on an AMX CPU, the same)
+    own = model_params(llamacpp_probe.cpu_flags())["use_extra_bufts"]
+    assert plain.llm.model_params.use_extra_bufts is own
     ar = DecoderConfig(method="ar")
     for ids in prompts[:2]:
         want = build_decoder(ar, plain).generate(ids, 16, SamplingParams()).tokens
@@ -818,13 +819,15 @@ def test_a_crash_in_llamacpp_is_one_line_naming_the_file_and_the_cpu(gguf, monke
     """A segfault in native code would end the process and every result not yet written: the first
     run of a file happens in a child, whose crash becomes one line. A probe that passed is not run
     again; one that crashed is (a rebuilt llama.cpp may mend it)."""
-    from draftlab.engines.llamacpp.probe import ensure_runs
+    from draftlab.engines.llamacpp.load import model_params
+    from draftlab.engines.llamacpp.probe import cpu_flags, ensure_runs
     from draftlab.errors import DraftlabError
     from draftlab.hardware import cpu_model_and_flags
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     crash = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
-    params = {"use_extra_bufts": True}
+    # The parameters this CPU loads with: with extra buffer types, an AMX CPU really crashes.
+    params = model_params(cpu_flags())
     for _ in range(2):
         with pytest.raises(DraftlabError) as error:
             ensure_runs(gguf, TARGET, 1, params, command=crash)
@@ -844,4 +847,5 @@ def test_a_crash_in_llamacpp_is_one_line_naming_the_file_and_the_cpu(gguf, monke
         ensure_runs(gguf, TARGET, 1, params, command=crash)  # passed before: not run again
         # Other load parameters are another probe.
         with pytest.raises(DraftlabError, match="crashed"):
-            ensure_runs(gguf, TARGET, 1, {"use_extra_bufts": False}, command=crash)
+            other = {"use_extra_bufts": not params["use_extra_bufts"]}
+            ensure_runs(gguf, TARGET, 1, other, command=crash)

@@ -246,11 +246,15 @@ def test_profile_is_cached_and_a_foreign_one_is_remeasured(tiny_pair, monkeypatc
     # Another machine's (or thread count's) profile in the same file is not used.
     path = profile_path(lm)
     data = json.loads(path.read_text())
+    # Each foreign value is built from this machine's own, so it differs on every CPU (a hard-coded
+    # "other CPU" is some machine's own identity: this test once failed on every Zen3).
+    hardware = data["fingerprint"]["hardware"]
     for field, other in (
-        ("name", "some other CPU"),
-        ("cpu_id", "AuthenticAMD family 25 model 1"),
-        ("cpu_flags", ["avx2"]),
+        ("name", hardware["name"] + " (another)"),
+        ("cpu_id", hardware["cpu_id"] + " stepping 99"),
+        ("cpu_flags", sorted(hardware["cpu_flags"])[1:] + ["a_flag_no_cpu_has"]),
     ):
+        assert other != hardware[field]
         changed = json.loads(json.dumps(data))
         changed["fingerprint"]["hardware"][field] = other
         path.write_text(json.dumps(changed))

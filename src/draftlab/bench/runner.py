@@ -21,7 +21,7 @@ from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import Decoder, DecoderConfig
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
-from draftlab.models.compiled import RESERVE, static_length
+from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import LoadedModel, check_context
 from draftlab.models.prompting import Message, encode_prompt
 from draftlab.progress import progress_bar
@@ -283,30 +283,33 @@ def _warm_up(plan: BenchPlan) -> None:
         _pause(variant)
 
 
+def plan_need(target, examples: list[Example], max_new_tokens: int, chat: bool) -> int:
+    """Tokens the longest generation of these examples may hold in a static cache: its prompt,
+    the earlier turns and answers, and the cache's reserve (models/compiled.py's RESERVE)."""
+    need = 0
+    for example in examples:
+        prompts = [len(encode_prompt(target, t, chat=chat)) for t in example.turns]
+        need = max(need, sum(prompts) + len(example.turns) * max_new_tokens + RESERVE)
+    return need
+
+
 def warm_compiled(
     variants: list[Variant], examples: list[Example], max_new_tokens: int, chat: bool, quiet: bool = False
 ) -> None:
-    """Compile, untimed, every static-cache length the suite's prompts can need (models/compiled.py),
-    so that no timed generation pays for a compile. A later turn's prompt holds the earlier turns
-    and answers, bounded here by their texts plus `max_new_tokens` per answer. A progress line
-    counts the passes: a package is built once per machine and cache length (about 1.5 min on 2
-    cores for the default target) and loaded by later runs."""
+    """Get the one package the plan needs ready, untimed, so that no timed generation pays for a
+    compile: that of the static cache the longest generation needs (a later turn's prompt holds
+    the earlier turns and answers, bounded by their texts plus `max_new_tokens` each), or a longer
+    one already built, which serves every shorter context too (models/compiled.py: one package per
+    model). A progress line counts the passes: a package is built once per machine and cache length
+    (about 1.5 min on 2 cores for the default target) and loaded by later runs."""
 
-    plan: list[tuple[Variant, list[int]]] = []
+    plan: list[tuple[Variant, int]] = []
     for variant in variants:
         target = getattr(variant.decoder, "target", None)
         if getattr(target, "compiled", None) is None:
             continue
-        lengths: set[int] = set()
-        for example in examples:
-            first = len(encode_prompt(variant.target, example.turns[0], chat=chat))
-            later = sum(len(encode_prompt(variant.target, t, chat=chat)) for t in example.turns[1:])
-            most = first + later + len(example.turns) * max_new_tokens
-            lengths.add(static_length(first + RESERVE))
-            lengths.add(static_length(most + RESERVE))
-        buckets = sorted(lengths)
-        plan.append((variant, [buckets[0] * 2**k for k in range((buckets[-1] // buckets[0]).bit_length())]))
-    total = sum(len(compiled_passes(v.config)) * len(lengths) for v, lengths in plan)
+        plan.append((variant, plan_need(variant.target, examples, max_new_tokens, chat)))
+    total = sum(len(compiled_passes(v.config)) for v, _ in plan)
     if not total:
         return
     progress = progress_bar("[bold]compile[/]", console=Console(stderr=True, quiet=quiet), disable=quiet)
@@ -316,9 +319,8 @@ def warm_compiled(
         def on_pass(length: int, size: int) -> None:
             progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
 
-        for variant, lengths in plan:
-            for length in lengths:
-                warm_compiled_passes(variant.decoder, length, variant.config, on_pass)
+        for variant, need in plan:
+            warm_compiled_passes(variant.decoder, need, variant.config, on_pass)
 
 
 def to_record(

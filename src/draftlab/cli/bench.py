@@ -91,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "AOTInductor package over a static cache (built once per machine, about 1-2 min on 2 cores, "
         "then loaded; untimed; the times are recorded in run.json). --no-compile: eager only. "
         "Default: compiled only (ar both ways) where this machine's compiled profile "
-        "(`draftlab profile --compile`) predicts plain decoding at least 10% faster than eager, else eager",
+        "(`draftlab profile --compile`) predicts plain decoding at least 10%% faster than eager, else eager",
         auto=True,
     )
     add_engine_args(p)

@@ -15,13 +15,11 @@ import argparse
 from dataclasses import dataclass
 
 from draftlab.cli.common import machine_profile
+from draftlab.models.cost_curve import COMPILE_MARGIN
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
 
-# Compiled must be predicted at least this much faster: under AVX2 kernels on the Zen5 it was
-# predicted 2.25 s against 2.27 s eager, and then ran at 0.95x eager `ar`, its lookups at 1.06-1.10x
-# where the eager ones gain more (their verification is flatter there).
-MARGIN = 0.9
+MARGIN = COMPILE_MARGIN
 # Where the two profiles are set against each other: a typical prompt and the default answer length.
 PROMPT_TOKENS = 256
 NEW_TOKENS = 64

@@ -13,7 +13,7 @@ from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.hardware import supported_dtypes
 from draftlab.models.compiled import compiled_steps
-from draftlab.models.cost_curve import TIE_BAND, Profile, pick_dtype, verify_slope
+from draftlab.models.cost_curve import COMPILE_MARGIN, TIE_BAND, Profile, pick_dtype, verify_slope
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
@@ -252,15 +252,30 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
         choices = args.dtype_choices = {}
     if name in choices:
         return choices[name]["dtype"]
-    curves = {}
-    for dtype in supported_dtypes(device):
-        curves[dtype] = machine_profile(load_spec(ModelSpec(name, dtype, device, attn))).curve
     prompt_tokens = 256
+    curves, ways = {}, {}
+    # Where bench decides compilation from the profiles (neither --compile nor --no-compile), each
+    # dtype is priced the way it would run: compiled where its cached compiled profile wins by the
+    # margin bench_compile applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
+    # 7.80, while compiled float32 was predicted 3.51 s and never considered.)
+    joint = getattr(args, "compile", False) is None and device == "cpu"
+    for dtype in supported_dtypes(device):
+        lm = load_spec(ModelSpec(name, dtype, device, attn))
+        curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
+        compiled = load_cached(lm, compiled=True) if joint and lm.engine == "hf" else None
+        if compiled is not None:
+            eager_ms = curves[dtype].plain_decoding_ms(prompt_tokens, args.max_new_tokens)
+            if (
+                compiled.curve.plain_decoding_ms(prompt_tokens, args.max_new_tokens)
+                < COMPILE_MARGIN * eager_ms
+            ):
+                curves[dtype], ways[dtype] = compiled.curve, "compiled"
     dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
-    others = ", ".join(f"{d} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
+    others = ", ".join(f"{d} {ways[d]} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
     reason = (
         f"plain decoding of a {prompt_tokens}-token prompt + {args.max_new_tokens} tokens is predicted "
-        f"to take {predicted[dtype] / 1000:.2f} s in {dtype}" + (f" (vs {others})" if others else "")
+        f"to take {predicted[dtype] / 1000:.2f} s in {dtype} {ways[dtype]}"
+        + (f" (vs {others})" if others else "")
     )
     if predicted[dtype] > min(predicted.values()):
         reason += (
@@ -271,6 +286,7 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
         "dtype": dtype,
         "reason": reason,
         "predicted_s": {d: v / 1000 for d, v in predicted.items()},
+        "ways": ways,
     }
     return dtype
 

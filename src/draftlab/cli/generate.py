@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             def on_pass(length: int, size: int) -> None:
                 progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
 
-            warm_compiled_passes(decoder, len(ids) + RESERVE, config, on_pass)
+            warm_compiled_passes(decoder, len(ids) + args.max_new_tokens + RESERVE, config, on_pass)
         compiled = compile_seconds(target)
         seconds = ", ".join(
             f"{c['seconds']:.1f} s ({c['package']}, {n}-token cache)" for n, c in compiled.items()

@@ -11,13 +11,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from draftlab.bench.runner import plan_need
+from draftlab.bench.suites import load_suite
 from draftlab.cli import llamacpp_engine
-from draftlab.cli.common import DEFAULT_DRAFT, DEFAULT_TARGET, add_compile_arg, add_model_args, load_spec
+from draftlab.cli.common import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    add_compile_arg,
+    add_model_args,
+    head_name,
+    load_spec,
+)
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
-from draftlab.hardware import fingerprint_key, hardware, supported_dtypes
+from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware, supported_dtypes
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.cost_curve import Profile, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec
@@ -37,8 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_compile_arg(
         p,
         "the target's compiled passes (an AOTInductor package over a static cache, as `bench "
-        "--compile` runs them): passes of 1, 2, 4 and 8 tokens in the first 512-token bucket, the "
-        "package built first where no earlier run built it, cached as a profile of its own",
+        "--compile` runs them): passes of 1, 2, 4 and 8 tokens in the static-cache bucket that the "
+        "default bench's longest generation needs (one package per model serves every shorter "
+        "context), built first where no earlier run built it, cached as a profile of its own; "
+        "after every eager profile, and not in a half-precision dtype this CPU only emulates",
     )
     p.add_argument("--repeats", type=int, default=3, help="passes per point (the median is kept)")
     p.add_argument("--context", type=int, default=256, help="context length of the break-even table")
@@ -120,41 +131,36 @@ def run(args: argparse.Namespace) -> int:
             f"{bandwidth.threads} threads)"
         )
     curves = {}
+    # Every eager profile first, then the packages: a process that has built or run a package
+    # times eager passes differently, and bench's spot check would then measure them again.
     for dtype, models in _settings(args, target_name, draft_name, dtypes, device):
         profiles: dict[str, Profile] = {}
         for role, lm in models:
-            name = lm.spec.name
-            compiled = args.compile and role == "target"
-            kind = ", compiling its passes first" if compiled else ""
-            try:
-                with console.status(f"profiling {name} ({lm.spec.dtype}{kind})"):
-                    profile, measured = load_or_measure(
-                        lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats, compiled=compiled
-                    )
-            except DraftlabError as error:
-                if not compiled:
-                    raise
-                # No package here (no C++ compiler, a model that does not export): the eager
-                # profiles still serve, and `draftlab bench` then runs our loop eagerly.
-                console.print(f"[yellow]no compiled profile of {name} ({lm.spec.dtype}): {error}[/]")
-                results.setdefault("compile_failed", {})[lm.spec.dtype] = str(error)
-                compiled = False
-                with console.status(f"profiling {name} ({lm.spec.dtype})"):
-                    profile, measured = load_or_measure(
-                        lm, quick=not args.full, refresh=args.refresh, repeats=args.repeats
-                    )
-            source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-            engine = " · llama.cpp" if lm.engine == "llamacpp" else (" · compiled" if compiled else "")
-            console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
-            profiles[role] = profile
-            key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
-            results["profiles"][key] = json.loads(profile.to_json())
-            if device == "cpu":
-                results["bandwidth_limit"][key] = _limit(console, lm, profile, bandwidth)
+            profiles[role] = _profile(console, args, results, role, lm, bandwidth, compiled=False)
         curves[dtype] = profiles["target"].curve
         console.print(
             _break_even_table(args.context, profiles["target"], profiles.get("draft"), profiles.get("head"))
         )
+    if args.compile:
+        isa = hw.get("isa_flags", [])
+        for dtype in dtypes:
+            skip = compile_skip_reason(dtype, isa)
+            if skip is not None:
+                console.print(f"[dim]no compiled {dtype} package: {skip}[/]")
+                results.setdefault("compile_skipped", {})[dtype] = skip
+                continue
+            target = load_spec(ModelSpec(target_name, dtype, device, args.attn_implementation))
+            # The package the default bench will run (one per model serves every context), so that
+            # bench builds none: the built-in suite's longest generation at this answer length.
+            need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
+            try:
+                _profile(console, args, results, "target", target, bandwidth, compiled=True, bucket_need=need)
+            except DraftlabError as error:
+                # No package here (no C++ compiler, a model that does not export): the eager
+                # profiles still serve, and `draftlab bench` then runs our loop eagerly.
+                console.print(f"[yellow]no compiled profile of {target_name} ({dtype}): {error}[/]")
+                results.setdefault("compile_failed", {})[dtype] = str(error)
+            del target
     if args.engine == "llamacpp":
         results["engine"] = "llamacpp"
     else:
@@ -176,6 +182,31 @@ def run(args: argparse.Namespace) -> int:
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
+
+
+def _profile(
+    console: Console, args, results: dict, role: str, lm, bandwidth, compiled: bool, bucket_need: int = 0
+) -> Profile:
+    """One model's profile, cached or measured now, printed and recorded in `results`."""
+    name = lm.spec.name
+    kind = ", compiling its passes first" if compiled else ""
+    with console.status(f"profiling {name} ({lm.spec.dtype}{kind})"):
+        profile, measured = load_or_measure(
+            lm,
+            quick=not args.full,
+            refresh=args.refresh,
+            repeats=args.repeats,
+            compiled=compiled,
+            bucket_need=bucket_need,
+        )
+    source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
+    engine = " · llama.cpp" if lm.engine == "llamacpp" else (" · compiled" if compiled else "")
+    console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
+    key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
+    results["profiles"][key] = json.loads(profile.to_json())
+    if (args.target_device or args.device) == "cpu":
+        results["bandwidth_limit"][key] = _limit(console, lm, profile, bandwidth)
+    return profile
 
 
 def _limit(console: Console, lm, profile: Profile, bandwidth) -> dict:
@@ -203,8 +234,9 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
         models = [
             (role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names
         ]
-        if args.head is not None:  # an EAGLE-3 head beside its target, in the target's dtype
-            models.append(("head", load_head_lm(args.head, models[0][1])))
+        head = head_name(args)  # the default target's shipped head too: bench would measure it
+        if head is not None:  # an EAGLE-3 head beside its target, in the target's dtype
+            models.append(("head", load_head_lm(head, models[0][1])))
         yield dtype, models
 
 

@@ -130,6 +130,10 @@ class Profile:
 # AMX the profile predicted float16 7% faster than bfloat16 (2.18 vs 2.34 s), while whole plain
 # generations measured in one interleaved bench differed by 1% (26.6 vs 26.5 tok/s).
 TIE_BAND = 0.10
+# Compiled passes must be predicted at least this much faster than eager ones to be chosen: under
+# AVX2 kernels on the Zen5 they were predicted 2.25 s against 2.27 s eager, and then ran at 0.95x
+# eager `ar`, its lookups at 1.06-1.10x where the eager ones gain more (flatter verification).
+COMPILE_MARGIN = 0.9
 
 
 def verify_slope(curve: CostCurve, k: int = 4, context: int = 256) -> float:

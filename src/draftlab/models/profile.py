@@ -40,10 +40,9 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
     return out or [max(min(top - 130, 64), 1)]
 
 
-# Contexts of a compiled profile: both in the first static-cache bucket (512 tokens), where the
-# default suite's generations run. Its graphs attend over the whole bucket, so within a bucket the
-# cost hardly moves with the context; a longer context's bucket would cost another package (about
-# 1.5 min to build on 2 cores), and past 256 the curve extends the line through the two points.
+# Contexts of a compiled profile, measured in the one package of the model that later runs use
+# (`measure`'s bucket_need). Its graphs attend over the whole bucket, so within a bucket the cost
+# hardly moves with the context; past 256 the curve extends the line through the two points.
 COMPILED_CONTEXTS = (64, 256)
 
 
@@ -85,11 +84,16 @@ def measure(
     repeats: int = 3,
     on_step: Callable[[str], None] | None = None,
     compiled: bool = False,
+    bucket_need: int = 0,
 ) -> CostCurve:
     """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly.
 
-    `compiled`: through the compiled package over a static cache, made ready before it is timed."""
+    `compiled`: through the compiled package over a static cache, made ready before it is timed:
+    the package of the bucket that holds `bucket_need` tokens (the one later runs will use, so it
+    is built once), or the shortest bucket that holds the contexts measured."""
     runner = cached(lm, compiled=compiled)
+    if compiled and bucket_need:
+        runner.warm(bucket_need, tuple(sizes))
     limit = lm.context_length
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
     if limit is not None:
@@ -250,6 +254,7 @@ def load_or_measure(
     repeats: int = 3,
     on_step: Callable[[str], None] | None = None,
     compiled: bool = False,
+    bucket_need: int = 0,
 ) -> tuple[Profile, bool]:
     """The model's profile on this machine, and whether it was measured now (False: from the cache).
 
@@ -261,7 +266,16 @@ def load_or_measure(
             return cached, False
     t0 = time.perf_counter()
     sizes, contexts, lengths = profile_points(lm.context_length, quick, compiled)
-    curve = measure(lm, sizes, contexts, lengths, repeats=repeats, on_step=on_step, compiled=compiled)
+    curve = measure(
+        lm,
+        sizes,
+        contexts,
+        lengths,
+        repeats=repeats,
+        on_step=on_step,
+        compiled=compiled,
+        bucket_need=bucket_need,
+    )
     profile = Profile(
         lm.fingerprint(compiled),
         curve,

@@ -22,12 +22,15 @@ from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
 from draftlab.models.compiled import (
     EXAMPLE_PASS,
+    FIRST_BUCKET,
     MAX_PASS,
     additive,
+    choose_bucket,
     compiled_dir,
     inductor_configs,
+    keep_longest,
+    package_lengths,
     ready_package,
-    static_length,
     weights_stamp,
     write_package,
 )
@@ -97,7 +100,9 @@ class CompiledHead:
 
     def new_cache(self, needed: int) -> HeadCache:
         layer = self.head.layer
-        length = static_length(needed, self.lm.context_length)
+        length = choose_bucket(
+            needed, self.runners, package_lengths(self.path(FIRST_BUCKET).parent), self.lm.context_length
+        )
         shape = (1, layer.kv_heads, length, layer.head_dim)
         dtype, device = self.head.fc.weight.dtype, self.lm.device
         return HeadCache(
@@ -128,6 +133,7 @@ class CompiledHead:
         if runner is None:
             t0 = time.perf_counter()
             runner, self.loaded[length] = ready_package(self.path(length), lambda p: self._build(cache, p))
+            keep_longest(self.runners, {}, length)
             self.runners[length] = runner
             self.compile_seconds[length] = time.perf_counter() - t0
         return runner

@@ -37,9 +37,7 @@ def find_server() -> Path | None:
     here = cpu_identity()
     found = [
         folder / "bin" / "llama-server"
-        for folder in sorted(
-            build_cache().glob("llama-server-*"), key=lambda p: p.stat().st_mtime, reverse=True
-        )
+        for folder in sorted(build_cache().glob("llama.cpp-*"), key=lambda p: p.stat().st_mtime, reverse=True)
         if (folder / "bin" / "llama-server").is_file()
         and (folder / "cpu.txt").is_file()
         and (folder / "cpu.txt").read_text().strip() == here.strip()

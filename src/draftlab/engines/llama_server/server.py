@@ -5,16 +5,20 @@ error and on Ctrl-C, so that no server is left behind."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from draftlab.engines.llamacpp.load import model_params
+from draftlab.engines.llamacpp.probe import cpu_flags
 from draftlab.errors import DraftlabError
 
 HOST = "127.0.0.1"
@@ -26,6 +30,26 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+# prctl's PR_SET_PDEATHSIG: the signal the kernel sends a child when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int):
+    """A preexec_fn that has the kernel kill the child when draftlab dies, `kill -9` included, which
+    no handler of ours sees (a server in its own session otherwise lives on, re-parented to init,
+    its threads spinning). Linux only; elsewhere the atexit and signal paths stop it."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # draftlab died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 class LlamaServer:
@@ -66,6 +90,9 @@ class LlamaServer:
             str(self.slots),
             "--no-kv-unified",
             "--no-webui",
+            # As the llamacpp engine loads (engines/llamacpp/load.py): no extra buffer types on a
+            # CPU with AMX, where the server died of an illegal instruction loading the Q4_1 file.
+            *([] if model_params(cpu_flags())["use_extra_bufts"] else ["--no-repack"]),
             *self.args,
         ]
 
@@ -82,15 +109,15 @@ class LlamaServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
             )
         _RUNNING.add(self)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                code = self.process.returncode
                 self.stop()
-                raise DraftlabError(
-                    f"llama-server exited with code {self.process.returncode}: {self._last_log_line()}"
-                )
+                raise DraftlabError(f"llama-server exited with code {code}: {self._last_log_line()}")
             if self._healthy():
                 self.start_s = time.perf_counter() - t0
                 return self

@@ -1,0 +1,103 @@
+"""The first run's decisions, on synthetic CPUs and profiles (issue 46): which dtypes get a compiled
+package, which static-cache bucket a generation runs in (one package per model), and the joint
+choice of dtype and compilation that `--dtype auto` makes where bench decides compilation."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from draftlab.cli import common
+from draftlab.hardware import compile_skip_reason
+from draftlab.models.compiled import choose_bucket, keep_longest, static_length
+from draftlab.models.cost_curve import CostCurve, Profile
+from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.profile import save
+
+ZEN3 = ["avx2"]
+XEON_AVX512 = ["avx2", "avx512f"]
+ZEN5 = ["avx2", "avx512f", "avx512_bf16"]
+SAPPHIRE_RAPIDS = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16", "fp16"),
+    [
+        (ZEN3, False, False),
+        (XEON_AVX512, False, False),
+        (ZEN5, True, False),
+        (SAPPHIRE_RAPIDS, True, True),
+        (["avx2", "amx_tile", "amx_bf16"], True, False),
+        ([], False, False),
+    ],
+)
+def test_half_precision_packages_are_built_only_with_native_units(flags, bf16, fp16):
+    assert compile_skip_reason("float32", flags) is None
+    assert (compile_skip_reason("bfloat16", flags) is None) == bf16
+    assert (compile_skip_reason("float16", flags) is None) == fp16
+    if not bf16:
+        reason = compile_skip_reason("bfloat16", flags)
+        assert "bfloat16 is emulated" in reason and "avx512_bf16 or amx_bf16" in reason
+
+
+def test_one_package_per_model_serves_every_shorter_context():
+    # Nothing loaded or built: the bucket that holds the tokens, capped at the model's limit.
+    assert choose_bucket(300, {}, [], None) == 512
+    assert choose_bucket(834, {}, [], None) == 1024
+    assert choose_bucket(5000, {}, [], 4096) == 4096
+    # A built package that holds them is loaded rather than a shorter one built.
+    assert choose_bucket(300, {}, [1024], None) == 1024
+    assert choose_bucket(300, {}, [512, 1024], None) == 512
+    assert choose_bucket(700, {}, [512, 2048], None) == 2048
+    assert choose_bucket(3000, {}, [512, 1024], None) == static_length(3000)
+    # The loaded package wins over any on disk, wherever it holds the tokens.
+    assert choose_bucket(300, {1024: object()}, [512], None) == 1024
+    assert choose_bucket(1500, {1024: object()}, [512], None) == 2048
+    runners, caches = {512: "a", 1024: "b"}, {512: "c", 1024: "d"}
+    keep_longest(runners, caches, 2048)
+    assert runners == {} and caches == {}
+    runners, caches = {512: "a", 2048: "b"}, {512: "c"}
+    keep_longest(runners, caches, 1024)
+    assert runners == {2048: "b"} and caches == {}
+
+
+def _profile(lm, compiled: bool, step_ms: float) -> None:
+    """A hand-written flat profile (1-8 tokens at `step_ms`), prefill 4x a step."""
+    curve = CostCurve([1, 2, 4, 8], [64, 256], [[step_ms] * 4] * 2, [16, 256], [4 * step_ms] * 2)
+    save(lm, Profile(lm.fingerprint(compiled), curve, 1, 0.0, "2026-11-27T00:00:00"))
+
+
+@pytest.fixture
+def two_dtypes(tiny_pair, tmp_path, monkeypatch):
+    """The tiny Llama in float32 and bfloat16, with cached profiles of a machine like the Zen3 of
+    issue 47: eager bfloat16 faster than eager float32, compiled float32 fastest of all."""
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setattr(common, "supported_dtypes", lambda device: ["float32", "bfloat16"])
+    name = str(tiny_pair["llama"][0])
+    models = {d: load_model(ModelSpec(name, dtype=d)) for d in ("float32", "bfloat16")}
+    _profile(models["float32"], False, 120.0)
+    _profile(models["bfloat16"], False, 95.0)
+    _profile(models["float32"], True, 55.0)
+    return name, models
+
+
+def _choose(name: str, compile_flag: bool | None) -> tuple[str, dict]:
+    args = argparse.Namespace(max_new_tokens=64, compile=compile_flag)
+    dtype = common.resolve_dtype(args, name, "cpu", None)
+    return dtype, args.dtype_choices[name]
+
+
+def test_dtype_auto_prices_each_dtype_the_way_bench_would_run_it(two_dtypes):
+    name, models = two_dtypes
+    dtype, record = _choose(name, None)
+    assert dtype == "float32" and record["ways"] == {"float32": "compiled", "bfloat16": "eager"}
+    assert "in float32 compiled" in record["reason"] and "bfloat16 eager" in record["reason"]
+    # --no-compile and --compile leave compilation out of it: the eager profiles decide.
+    for flag in (False, True):
+        dtype, record = _choose(name, flag)
+        assert dtype == "bfloat16" and set(record["ways"].values()) == {"eager"}, flag
+    # A compiled profile within the margin of its eager one is not counted.
+    _profile(models["float32"], True, 112.0)
+    dtype, record = _choose(name, None)
+    assert dtype == "bfloat16" and record["ways"]["float32"] == "eager"
