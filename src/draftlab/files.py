@@ -84,3 +84,22 @@ def folder_lock(directory: Path) -> Iterator[None]:
     finally:
         (directory / PID_FILE).unlink(missing_ok=True)  # before the release: the next holder's pid stays
         lock.release()
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold the output file `path` for this process (a lock file beside it, removed after): a second
+    writer of the same file ends in a one-line error."""
+    lock_path = path.parent / f".{path.name}.draftlab.lock"
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise DraftlabError(
+            f"'{path}' is being written by another draftlab run: wait for it, or choose another name"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+        lock_path.unlink(missing_ok=True)

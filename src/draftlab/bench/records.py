@@ -12,7 +12,7 @@ import json
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftlab.decode.details import RoundDetails
@@ -133,10 +133,44 @@ class RunInfo:
 
     @classmethod
     def load(cls, directory: Path) -> RunInfo:
+        """A results folder's run.json, every field checked by type: a torn, foreign or mistyped
+        file is a one-line DraftlabError naming the file and the field (`report` and `--resume`
+        read it through here alike)."""
         path = directory / RUN_FILE
         if not path.exists():
             raise DraftlabError(f"no {RUN_FILE} in '{directory}': not a draftlab results folder")
-        return cls(**json.loads(path.read_text()))
+        try:
+            data = json.loads(read_text_file(path, "run info"))
+        except json.JSONDecodeError as exc:
+            raise DraftlabError(f"{path}: not a draftlab {RUN_FILE} (unreadable JSON: {exc})") from None
+        if not isinstance(data, dict):
+            raise DraftlabError(f"{path}: not a draftlab {RUN_FILE} (not a JSON object)")
+        hints = _field_types(cls)
+        unknown = sorted(set(data) - set(hints))
+        if unknown:
+            raise DraftlabError(f"{path}: not a draftlab {RUN_FILE} (unknown field '{unknown[0]}')")
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise DraftlabError(f"{path}: not a draftlab {RUN_FILE} (no field '{missing[0]}')")
+        for name, value in data.items():
+            fits = _has_type(value, hints[name])
+            if fits and name == "labels":
+                fits = all(isinstance(label, str) for label in value)
+            if not fits:
+                shown = repr(value)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise DraftlabError(f"{path}: field '{name}' is {shown}, not {_type_name(hints[name])}")
+        return cls(**data)
+
+    @classmethod
+    def written_here(cls, directory: Path) -> bool:
+        """Whether `directory` holds a run.json that draftlab wrote (before output markers existed)."""
+        try:
+            cls.load(directory)
+        except DraftlabError:
+            return False
+        return True
 
 
 def read_records(path: Path, on_torn: Callable[[int], None] | None = None) -> list[Record]:

@@ -18,7 +18,7 @@ from draftlab.bench.engine_tables import concurrency_lines, concurrency_table, e
 from draftlab.bench.losslessness import with_plain_matches
 from draftlab.bench.markdown_report import markdown_report
 from draftlab.bench.plots import write_plots
-from draftlab.bench.records import RESULTS_FILE, RUN_FILE, Record, RunInfo, read_records
+from draftlab.bench.records import RESULTS_FILE, Record, RunInfo, read_records
 from draftlab.bench.report_warnings import warnings
 from draftlab.bench.result_lines import result_lines
 from draftlab.bench.run_header import header_lines
@@ -53,10 +53,7 @@ def load_results(
         raise DraftlabError(f"results folder '{directory}' does not exist")
     if not directory.is_dir():
         raise DraftlabError(f"'{directory}' is not a folder")
-    try:
-        run = RunInfo.load(directory)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise DraftlabError(f"{directory / RUN_FILE}: unreadable run info ({exc})") from None
+    run = RunInfo.load(directory)
     records = read_records(directory / RESULTS_FILE, on_torn)
     if not records:
         raise DraftlabError(f"no results in '{directory}' ({RESULTS_FILE} is missing or empty)")

@@ -128,7 +128,7 @@ def _save_traceback() -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return str(path)
-    except OSError:
+    except (OSError, DraftlabError):
         return "(not saved: the draftlab home is not writable)"
 
 

@@ -36,8 +36,10 @@ from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import method_spec
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.errors import DraftlabError
+from draftlab.files import file_lock, write_text
 from draftlab.hardware import hardware
 from draftlab.models.prompting import encode_prompt
+from draftlab.outputs import check_new_file
 from draftlab.sampling import SamplingParams
 
 
@@ -72,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="significance level, Bonferroni-split over methods × prefixes (default 0.001)",
     )
     p.add_argument("--json", dest="json_path", default=None, help="write the full result to this file")
+    p.add_argument("--force", action="store_true", help="replace --json where a file already is")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
@@ -103,11 +106,7 @@ def check_input(args: argparse.Namespace) -> None:
         )
     SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     if args.json_path:
-        out = Path(args.json_path)
-        if out.is_dir():
-            raise DraftlabError(f"--json '{out}' is a folder, not a file")
-        if not out.parent.is_dir():
-            raise DraftlabError(f"--json '{out}': folder '{out.parent}' does not exist")
+        check_new_file(Path(args.json_path), "--json", args.force)
 
 
 class _Bar:
@@ -137,8 +136,15 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    t_start = time.perf_counter()
     check_input(args)
+    if not args.json_path:
+        return _run(args)
+    with file_lock(Path(args.json_path)):  # one writer per file, as bench's per folder
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
     if args.engine == "llama-server":
         bar = _Bar(args.quiet)
         result, audits = run_server_audit(args, load_prompts(args.prompts), bar)
@@ -237,7 +243,7 @@ def _finish(args: argparse.Namespace, result: dict, audits, power, prefixes) -> 
     console = report_console(False)
     print_report(console, result, audits, power, prefixes)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
+        write_text(args.json_path, json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
     console.print(result["verdict"], markup=False, highlight=False)
     return 1 if result["not_lossless"] else 0
 

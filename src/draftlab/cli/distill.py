@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftlab.errors import DraftlabError
+from draftlab.files import folder_lock
+from draftlab.outputs import check_folder, claim_folder
 
 if TYPE_CHECKING:
     from draftlab.distill.config import DistillConfig
@@ -68,6 +70,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--target", required=True, help="hub id, local folder or registry name of the target")
     p.add_argument("--out", required=True, help="folder for the draft (weights, tokenizer, recipe, log)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an --out folder that holds files draftlab did not write (they may be replaced)",
+    )
     p.add_argument(
         "--work-dir", default=None, help="data shards and checkpoints (default: OUT.work beside OUT)"
     )
@@ -197,8 +204,24 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
     if args.resume and args.restart:
         raise DraftlabError("--resume and --restart contradict each other")
-    if args.head:
-        return _run_head(args)
+    out = Path(args.out).expanduser()
+    check_folder(out, "--out", args.force, legacy=_distilled_here)
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):  # one writer per folder, as bench's
+        claim_folder(out, "distill")
+        return _run_head(args) if args.head else _run_draft(args)
+
+
+def _distilled_here(folder: Path) -> bool:
+    """A folder an earlier draftlab distill wrote, before output markers existed: its recipe."""
+    try:
+        recipe = json.loads((folder / "recipe.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(recipe, dict) and {"train_config", "trained_steps"} <= set(recipe)
+
+
+def _run_draft(args: argparse.Namespace) -> int:
     from draftlab.distill.pipeline import distill  # noqa: PLC0415 - keeps `--help` fast
 
     result = distill(distill_config(args))

@@ -19,6 +19,7 @@ from draftlab.models import cache, catalogue, install, registry
 from draftlab.models.cached import cached
 from draftlab.models.gguf import verification_prompts
 from draftlab.models.loading import ModelSpec, load_model
+from draftlab.outputs import check_new_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "name", metavar="NAME", help="registry name, folder or hub id (a Llama-architecture model)"
     )
     export.add_argument("--out", required=True, help="the .gguf file to write")
+    export.add_argument("--force", action="store_true", help="replace --out where a file already is")
     export.add_argument(
         "--outtype",
         default="f16",
@@ -155,8 +157,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.outtype not in OUTTYPES:
         raise DraftlabError(f"--outtype must be one of {', '.join(OUTTYPES)}, got '{args.outtype}'")
     out = Path(args.out)
-    if out.is_dir():
-        raise DraftlabError(f"--out '{out}' is a folder; give a .gguf file name")
+    check_new_file(out, "--out", args.force)
     reference = Path(args.reference) if args.reference else install.gguf_path(catalogue.get(DEFAULT_TARGET))
     if reference is None or not reference.is_file():
         raise DraftlabError(

@@ -28,9 +28,10 @@ from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware, supported_dtypes
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
-from draftlab.models.cost_curve import Profile, pick_dtype, verify_slope
+from draftlab.models.cost_curve import COMPILE_MARGIN, Profile, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec
 from draftlab.models.profile import load_or_measure, profile_dir
+from draftlab.outputs import check_folder, claim_folder
 
 BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
 
@@ -56,6 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="decode length for the dtype choice")
     p.add_argument(
         "--out", default=None, help="folder for profile.json and the plot (default runs/profile-*)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an --out folder that holds files draftlab did not write",
     )
     p.set_defaults(func=run)
 
@@ -120,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
     hw = hardware(device)
     console.print(f"[bold]{hw['name']}[/] · " + ", ".join(f"{k}: {v}" for k, v in hw.items() if k != "name"))
     out_dir = Path(args.out) if args.out else Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DraftlabError(f"--out '{out_dir}' is a file, not a folder")
+    check_folder(out_dir, "--out", args.force, legacy=lambda folder: (folder / "profile.json").is_file())
     results: dict = {"hardware": hw, "profiles": {}, "bandwidth_limit": {}}
     bandwidth = cached_bandwidth(profile_dir(), fingerprint_key(hw)) if device == "cpu" else None
     if bandwidth is not None:
@@ -141,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             _break_even_table(args.context, profiles["target"], profiles.get("draft"), profiles.get("head"))
         )
+    ways = dict.fromkeys(curves, "eager")
     if args.compile:
         isa = hw.get("isa_flags", [])
         for dtype in dtypes:
@@ -154,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
             # bench builds none: the built-in suite's longest generation at this answer length.
             need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
             try:
-                _profile(console, args, results, "target", target, bandwidth, compiled=True, bucket_need=need)
+                compiled = _profile(
+                    console, args, results, "target", target, bandwidth, compiled=True, bucket_need=need
+                )
+                eager_ms = curves[dtype].plain_decoding_ms(256, args.max_new_tokens)
+                if compiled.curve.plain_decoding_ms(256, args.max_new_tokens) < COMPILE_MARGIN * eager_ms:
+                    ways[dtype], curves[dtype] = "compiled", compiled.curve  # as bench would run it
             except DraftlabError as error:
                 # No package here (no C++ compiler, a model that does not export): the eager
                 # profiles still serve, and `draftlab bench` then runs our loop eagerly.
@@ -168,16 +179,17 @@ def run(args: argparse.Namespace) -> int:
         results["dtype_choice"] = {
             "dtype": chosen,
             "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
+            "ways": ways,
         }
         console.print(
-            f"--dtype auto picks [bold]{chosen}[/]: predicted plain decoding of a 256-token prompt + "
-            f"{args.max_new_tokens} tokens: "
+            f"--dtype auto picks [bold]{chosen} {ways[chosen]}[/]: predicted plain decoding of a 256-token "
+            f"prompt + {args.max_new_tokens} tokens: "
             + ", ".join(
-                f"{d} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
+                f"{d} {ways[d]} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
                 for d, v in predicted.items()
             )
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_folder(out_dir, "profile")
     write_text(out_dir / "profile.json", json.dumps(results, indent=1))
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")

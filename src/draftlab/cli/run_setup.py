@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from rich.console import Console
 
 from draftlab import __version__
 from draftlab.bench.concurrency import ConcurrencyPlan, run_concurrency
-from draftlab.bench.records import RESULTS_FILE, RUN_FILE, RunInfo
+from draftlab.bench.records import RUN_FILE, RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
 from draftlab.bench.suites import SUBTASKS, load_suite
@@ -27,6 +26,7 @@ from draftlab.errors import DraftlabError
 from draftlab.files import LOCK_FILE, PID_FILE, folder_lock
 from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
+from draftlab.outputs import MARKER, check_folder, claim_folder
 
 
 def add_run_command_args(
@@ -92,6 +92,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="results folder (default: runs/<kind>-<time>)")
     g.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an --out folder that holds files draftlab did not write (they may be replaced)",
+    )
     g.add_argument("--repeats", type=int, default=1)
     g.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per variant")
     g.add_argument("--per-example", action="store_true", help="also print the per-example timing table")
@@ -109,27 +114,16 @@ def parse_list(text: str, kind, name: str) -> list:
 
 
 def check_out(args: argparse.Namespace) -> None:
-    """Refuse an unusable --out before any model loads: a file, a path under a file, no write access."""
+    """Refuse an unusable --out before any model loads: a file, a path under a file, no write
+    access, or a folder of files draftlab did not write (draftlab/outputs.py)."""
     if args.resume and not args.out:
         raise DraftlabError("--resume needs --out (the folder of the run to continue)")
     if not args.out:
         return
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise DraftlabError(f"--out '{out}' is a file, not a folder")
-    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise DraftlabError(f"--out '{out}' lies under '{existing}', which is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise DraftlabError(f"--out '{out}' is not writable ('{existing}' does not allow it)")
-    if out.is_dir() and not any((out / name).exists() for name in (RUN_FILE, RESULTS_FILE)):
-        # A run writes report.md, summary.csv, plots...: never over files that are not a run's.
-        theirs = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, PID_FILE))
-        if theirs:
-            shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
-            raise DraftlabError(
-                f"--out '{out}' holds files that are not a draftlab run's ({shown}): choose a new or empty folder"
-            )
+    check_folder(out, "--out", getattr(args, "force", False), legacy=RunInfo.written_here)
+    if args.resume and (out / RUN_FILE).exists():
+        RunInfo.load(out)  # a torn or foreign run.json is one line now, not mid-run
 
 
 @contextmanager
@@ -146,10 +140,12 @@ def claimed_out(args: argparse.Namespace, kind: str) -> Iterator[Path]:
     out.mkdir(parents=True, exist_ok=True)
     try:
         with folder_lock(out):
+            claim_folder(out, kind)
             yield out
     except BaseException:
-        if created:
-            (out / LOCK_FILE).unlink(missing_ok=True)
+        if created and {p.name for p in out.iterdir()} <= {MARKER, LOCK_FILE, PID_FILE}:
+            for name in (MARKER, LOCK_FILE):
+                (out / name).unlink(missing_ok=True)
             with suppress(OSError):
                 for folder in created:
                     folder.rmdir()  # only while empty: nothing the run wrote is removed

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftlab.errors import first_line
+from draftlab.errors import DraftlabError, first_line
 from draftlab.models import install
 from draftlab.models.catalogue import RegistryEntry
 
@@ -30,7 +30,13 @@ REQUIRED_FILES = (
 
 def home() -> Path:
     env = os.environ.get("DRAFTLAB_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "draftlab"
+    path = Path(env).expanduser() if env else Path.home() / ".cache" / "draftlab"
+    # Every cache lives under it: a file there is one line now, not an error deep in a conversion.
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == path else f"lies under '{existing}', which is"
+        raise DraftlabError(f"the draftlab home '{path}' (DRAFTLAB_HOME) {where} a file, not a folder")
+    return path
 
 
 def cache_root() -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,8 @@ class LoadedModel:
         return {
             **({"compiled": True} if compiled else {}),
             "model": self.spec.name,
-            "path": self.path,
+            # What the cost depends on, not where the files are: a moved DRAFTLAB_HOME keeps its profiles.
+            "shape": shape_key(self.path),
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
             "attn_implementation": self.model.config._attn_implementation,
@@ -107,6 +109,21 @@ class LoadedModel:
             "transformers": transformers.__version__,
             "schema": PROFILE_SCHEMA,
         }
+
+
+def shape_key(path: str) -> str:
+    """A folder's config.json and the names and sizes of its weight files (a pass costs what the
+    architecture and the bytes read make it cost, wherever the folder is); other paths as given."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return path
+    digest = hashlib.sha256()
+    for item in sorted(folder.iterdir()):
+        if item.name == "config.json":
+            digest.update(item.read_bytes())
+        elif item.suffix in (".safetensors", ".bin"):
+            digest.update(f"{item.name}:{item.stat().st_size}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def resolve_path(name: str) -> str:
