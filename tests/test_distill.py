@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -87,6 +88,9 @@ def test_distill_end_to_end(inputs, capsys):
         "train_log.jsonl",
     ):
         assert (out / name).exists(), name
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask, "readable as usual"
     assert not (out / T.CHECKPOINT).exists()  # checkpoints stay in the work folder
     assert (root / "draft.work" / T.CHECKPOINT).exists()
     recipe = json.loads((out / "recipe.json").read_text())

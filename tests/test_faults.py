@@ -249,3 +249,25 @@ def test_the_interrupt_cases_that_already_held_stay_held(tiny_pair, tmp_path):
     for r in records:
         by_example.setdefault(r["example_id"], set()).add(tuple(r["tokens"]))
     assert all(len(tokens) == 1 for tokens in by_example.values()), "pld wrote ar's tokens"
+
+
+def test_report_warns_of_a_generation_recorded_twice(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_bench(tiny_pair, tmp_path, out)) == 0
+    results = out / "results.jsonl"
+    first = results.read_text().splitlines()[0]
+    results.write_text(results.read_text() + first + "\n")
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    assert "more than once" in capsys.readouterr().out
+
+
+def test_a_failed_distill_leaves_no_folder_behind(tmp_path, capsys):
+    out = tmp_path / "new" / "draft"
+    refused(capsys, ["distill", "--target", str(tmp_path / "no-such-target"), "--out", str(out)], "not found")
+    assert not out.exists(), "the folder it made, and marked, is gone again"
+
+
+def test_argument_errors_name_the_command_once(capsys):
+    line = refused(capsys, ["bench", "--gamma", "x"], "'x'")
+    assert line.startswith("draftlab: error: bench: argument --gamma") and line.count("draftlab") == 1

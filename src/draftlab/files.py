@@ -103,3 +103,13 @@ def file_lock(path: Path) -> Iterator[None]:
     finally:
         lock.release()
         lock_path.unlink(missing_ok=True)
+
+
+def readable_as_usual(folder: Path) -> None:
+    """Give the files in `folder` the mode a new file gets here (0666 less the umask): a library
+    that writes through a private temporary file leaves them 0600, unreadable to anyone else."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(folder).iterdir():
+        if path.is_file() and not path.name.startswith("."):
+            path.chmod(0o666 & ~umask)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from draftlab.errors import DraftlabError
-from draftlab.files import LOCK_FILE, PID_FILE, write_text
+from draftlab.files import LOCK_FILE, PID_FILE, folder_lock, write_text
 
 MARKER = ".draftlab-output"
 # Names draftlab leaves in a folder it has not yet claimed: its lock and the lock holder's pid.
@@ -56,6 +57,27 @@ def claim_folder(folder: Path, kind: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if not is_ours(folder):
         write_text(folder / MARKER, json.dumps({"tool": "draftlab", "kind": kind}) + "\n")
+
+
+@contextmanager
+def held_folder(folder: Path, kind: str) -> Iterator[Path]:
+    """Create `folder` if needed, hold it (one writer at a time) and mark it as draftlab's, for the
+    block (after `check_folder`). A folder this made is removed again if the block fails before
+    writing anything into it."""
+    created = [p for p in [folder, *folder.parents] if not p.exists()]  # the folder first, then its parents
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with folder_lock(folder):
+            claim_folder(folder, kind)
+            yield folder
+    except BaseException:
+        if created and {p.name for p in folder.iterdir()} <= _OURS:
+            for name in (MARKER, LOCK_FILE):
+                (folder / name).unlink(missing_ok=True)
+            with suppress(OSError):
+                for made in created:
+                    made.rmdir()  # only while empty: nothing the run wrote is removed
+        raise
 
 
 def check_new_file(path: Path, option: str, force: bool = False) -> None:

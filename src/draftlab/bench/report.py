@@ -113,6 +113,16 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
         "`draftlab bench --resume` runs that generation again"
         for line in torn
     ]
+    seen: dict[tuple, int] = {}
+    for record in records:
+        seen[(record.label, record.key)] = seen.get((record.label, record.key), 0) + 1
+    twice = [key for key, count in seen.items() if count > 1]
+    if twice:
+        label, (example, turn, repeat) = twice[0]
+        notes.append(
+            f"{RESULTS_FILE} holds {len(twice)} generation(s) more than once (e.g. {label} on {example}, "
+            f"turn {turn}, repeat {repeat}): each copy is counted; was the file appended to by hand?"
+        )
     for note in [*notes, *warnings(summary)]:
         console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
     written = [SUMMARY_JSON, SUMMARY_CSV, REPORT_MD, PER_EXAMPLE_CSV, *(p.name for p in plots)]

@@ -19,7 +19,9 @@ SUBCOMMANDS = ("generate", "bench", "sweep", "profile", "report", "models", "dis
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise DraftlabError(f"{self.prog}: {message}")
+        # main() prints "draftlab: error: "; the command's own name follows, once.
+        command = self.prog.removeprefix("draftlab").strip()
+        raise DraftlabError(f"{command}: {message}" if command else message)
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

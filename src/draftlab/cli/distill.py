@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftlab.errors import DraftlabError
-from draftlab.files import folder_lock
-from draftlab.outputs import check_folder, claim_folder
+from draftlab.outputs import check_folder, held_folder
 
 if TYPE_CHECKING:
     from draftlab.distill.config import DistillConfig
@@ -206,9 +205,7 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError("--resume and --restart contradict each other")
     out = Path(args.out).expanduser()
     check_folder(out, "--out", args.force, legacy=_distilled_here)
-    out.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out):  # one writer per folder, as bench's
-        claim_folder(out, "distill")
+    with held_folder(out, "distill"):  # one writer per folder, as bench's
         return _run_head(args) if args.head else _run_draft(args)
 
 

@@ -7,7 +7,7 @@ import json
 import platform
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,10 +23,9 @@ from draftlab.bench.suites import SUBTASKS, load_suite
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.errors import DraftlabError
-from draftlab.files import LOCK_FILE, PID_FILE, folder_lock
 from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
-from draftlab.outputs import MARKER, check_folder, claim_folder
+from draftlab.outputs import check_folder, held_folder
 
 
 def add_run_command_args(
@@ -135,21 +134,8 @@ def claimed_out(args: argparse.Namespace, kind: str) -> Iterator[Path]:
     check_out(args)
     if not args.out:
         args.out = str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out = Path(args.out)
-    created = [p for p in [out, *out.parents] if not p.exists()]  # the folder first, then its parents
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with folder_lock(out):
-            claim_folder(out, kind)
-            yield out
-    except BaseException:
-        if created and {p.name for p in out.iterdir()} <= {MARKER, LOCK_FILE, PID_FILE}:
-            for name in (MARKER, LOCK_FILE):
-                (out / name).unlink(missing_ok=True)
-            with suppress(OSError):
-                for folder in created:
-                    folder.rmdir()  # only while empty: nothing the run wrote is removed
-        raise
+    with held_folder(Path(args.out), kind) as out:
+        yield out
 
 
 def suite_examples(args: argparse.Namespace):

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from draftlab.distill.config import DistillConfig
-from draftlab.files import write_text
+from draftlab.files import readable_as_usual, write_text
 from draftlab.models.loading import LoadedModel
 
 TOKENIZER_FILES = (
@@ -47,6 +47,7 @@ def export(draft, target: LoadedModel, out: Path) -> None:
                 copied = True
     if not copied:
         target.tokenizer.save_pretrained(out)
+    readable_as_usual(out)  # save_pretrained left model.safetensors 0600
     draft.train(was_training)
 
 

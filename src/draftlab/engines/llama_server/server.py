@@ -5,18 +5,17 @@ error and on Ctrl-C, so that no server is left behind."""
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from draftlab.children import die_with_parent
 from draftlab.engines.llamacpp.load import model_params
 from draftlab.engines.llamacpp.probe import cpu_flags
 from draftlab.errors import DraftlabError
@@ -30,26 +29,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
-
-
-# prctl's PR_SET_PDEATHSIG: the signal the kernel sends a child when the thread that started it ends.
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent: int):
-    """A preexec_fn that has the kernel kill the child when draftlab dies, `kill -9` included, which
-    no handler of ours sees (a server in its own session otherwise lives on, re-parented to init,
-    its threads spinning). Linux only; elsewhere the atexit and signal paths stop it."""
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def arm() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # draftlab died before the signal was armed
-            os._exit(1)
-
-    return arm
 
 
 class LlamaServer:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+from draftlab.children import die_with_parent
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.hardware import cpu_model_and_flags
@@ -91,7 +93,13 @@ def ensure_runs(
         json.dumps(params),
     ]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            preexec_fn=die_with_parent(os.getpid()),
+        )
     except subprocess.TimeoutExpired:
         raise DraftlabError(
             f"llama.cpp did not finish a probe of '{name}' ({gguf}) within {PROBE_TIMEOUT_S} s on this CPU "
