@@ -158,6 +158,9 @@ if [ "$before" != "$after" ]; then
     echo "llama-cpp-python changed torch/transformers: $before -> $after" >&2
     exit 1
 fi
+# Which build this environment's llama-cpp-python came from: draftlab runs that build's server
+# (a native and an AVX2-only build of the same CPU can sit side by side in the cache).
+echo "$dest" > "$(python -c 'import sys; print(sys.prefix)')/draftlab-llama.cpp-build"
 # llama.cpp's converter imports sentencepiece even for BPE tokenizers (our head's conversion).
 python -c "import sentencepiece" 2>/dev/null || pip install -q sentencepiece
 

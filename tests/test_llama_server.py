@@ -59,6 +59,16 @@ def test_only_a_server_built_for_this_cpu_is_used(tmp_path, monkeypatch):
         binary.server_binary()
     mine = _fake_server(tmp_path / "llama.cpp-0.3.36-mine", binary.cpu_identity())
     assert binary.find_server() == mine
+    # Two builds for this CPU (native and AVX2-only): the one this environment installed from wins,
+    # whichever is newer.
+    older = _fake_server(tmp_path / "llama.cpp-0.3.36-avx2", binary.cpu_identity())
+    os.utime(older.parent.parent, (0, 0))
+    pointer = tmp_path / "prefix" / binary.BUILD_POINTER
+    pointer.parent.mkdir()
+    monkeypatch.setattr(binary.sys, "prefix", str(pointer.parent))
+    assert binary.find_server() == mine, "no pointer: the newest build"
+    pointer.write_text(f"{older.parent.parent}\n")
+    assert binary.find_server() == older
     monkeypatch.setenv(binary.ENV, str(tmp_path / "missing"))
     with pytest.raises(DraftlabError, match="not an executable llama-server"):
         binary.server_binary()

@@ -4,6 +4,7 @@ built for this CPU (a folder per llama.cpp version and CPU, holding `bin/llama-s
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from draftlab.errors import DraftlabError
@@ -35,14 +36,33 @@ def find_server() -> Path | None:
         path = Path(explicit).expanduser()
         return path if path.is_file() and os.access(path, os.X_OK) else None
     here = cpu_identity()
-    found = [
-        folder / "bin" / "llama-server"
-        for folder in sorted(build_cache().glob("llama.cpp-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-        if (folder / "bin" / "llama-server").is_file()
-        and (folder / "cpu.txt").is_file()
-        and (folder / "cpu.txt").read_text().strip() == here.strip()
-    ]
+    installed = installed_build()
+    if installed is not None and _built_here(installed, here):
+        return installed / "bin" / "llama-server"
+    newest_first = sorted(build_cache().glob("llama.cpp-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    found = [folder / "bin" / "llama-server" for folder in newest_first if _built_here(folder, here)]
     return found[0] if found else None
+
+
+# scripts/install-llamacpp.sh names, in the environment, the build its llama-cpp-python came from.
+BUILD_POINTER = "draftlab-llama.cpp-build"
+
+
+def installed_build() -> Path | None:
+    """The build folder this Python environment's llama-cpp-python was installed from, if named."""
+    try:
+        return Path((Path(sys.prefix) / BUILD_POINTER).read_text().strip())
+    except OSError:
+        return None
+
+
+def _built_here(folder: Path, here: str) -> bool:
+    cpu = folder / "cpu.txt"
+    return (
+        (folder / "bin" / "llama-server").is_file()
+        and cpu.is_file()
+        and cpu.read_text().strip() == here.strip()
+    )
 
 
 def server_binary() -> Path:
