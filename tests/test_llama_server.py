@@ -41,6 +41,12 @@ PROMPTS = [
 ]
 
 
+def _our_servers() -> list[psutil.Process]:
+    """llama-servers this test process started and left running (the other test worker's own
+    servers, started in their own sessions, are none of this test's business)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server"]
+
+
 def _fake_server(folder: Path, cpu: str) -> Path:
     exe = folder / "bin" / "llama-server"
     exe.parent.mkdir(parents=True)
@@ -205,7 +211,7 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     assert rounds["ngram-mod@llama-server default"]["verify_ms"] > 0
     # One server at a time, each stopped: none is left.
     assert (out / "llama-server.log").read_text().count("\n$ ") >= len(records)
-    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+    assert not _our_servers()
     # A resumed run keeps the choices it made rather than calibrate again.
     (out / "results.jsonl").write_text(
         "".join(line + "\n" for line in (out / "results.jsonl").read_text().splitlines()[:-1])
@@ -239,7 +245,7 @@ def test_concurrency_sweep_on_llama_server_with_one_slot_per_request(tmp_path):
     assert "-np 2" in log and "-np 1" in log
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["concurrency"]["levels"]["ngram-simple@llama-server"]) == {"1", "2"}
-    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+    assert not _our_servers()
 
 
 @needs_server
@@ -260,7 +266,7 @@ def test_audit_on_llama_server_compares_its_drafters_with_its_own_ar(tmp_path, c
     assert code == (1 if data["not_lossless"] else 0)
     assert data["not_lossless"] == [], data["verdict"]
     assert "lossless" in capsys.readouterr().out
-    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+    assert not _our_servers()
 
 
 def test_a_drafter_of_llama_server_elsewhere_is_a_one_line_error(capsys, tiny_pair):

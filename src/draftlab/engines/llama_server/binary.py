@@ -37,7 +37,8 @@ def find_server() -> Path | None:
         return path if path.is_file() and os.access(path, os.X_OK) else None
     here = cpu_identity()
     installed = installed_build()
-    if installed is not None and _built_here(installed, here):
+    # Within the build cache in use only: DRAFTLAB_BUILD_CACHE set elsewhere means other builds.
+    if installed is not None and installed.parent == build_cache() and _built_here(installed, here):
         return installed / "bin" / "llama-server"
     newest_first = sorted(build_cache().glob("llama.cpp-*"), key=lambda p: p.stat().st_mtime, reverse=True)
     found = [folder / "bin" / "llama-server" for folder in newest_first if _built_here(folder, here)]
