@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 
 # prctl's PR_SET_PDEATHSIG: the signal the kernel sends a child when the thread that started it ends.
@@ -27,3 +28,10 @@ def die_with_parent(parent: int):
             os._exit(1)
 
     return arm
+
+
+def run_child(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`argv` to its end (its output captured as text), killed with draftlab if draftlab dies."""
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent(os.getpid())
+    )

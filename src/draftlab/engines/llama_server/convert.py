@@ -4,14 +4,13 @@ transformers folder as `--target-model-dir`, once per head."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from draftlab.children import die_with_parent
+from draftlab.children import run_child
 from draftlab.errors import DraftlabError
 from draftlab.models.cache import home
 from draftlab.quiet import quiet_stderr
@@ -50,13 +49,7 @@ def head_gguf(head_dir: str, target_dir: str, server: Path, out: Path | None = N
         str(out),
     ]
     try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=CONVERT_TIMEOUT_S,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
+        done = run_child(command, CONVERT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise DraftlabError(f"llama.cpp's converter did not finish within {CONVERT_TIMEOUT_S} s") from None
     if done.returncode != 0 or not out.is_file():

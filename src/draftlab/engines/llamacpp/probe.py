@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
-from draftlab.children import die_with_parent
+from draftlab.children import run_child
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.hardware import cpu_model_and_flags
@@ -93,13 +92,7 @@ def ensure_runs(
         json.dumps(params),
     ]
     try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
+        done = run_child(argv, PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise DraftlabError(
             f"llama.cpp did not finish a probe of '{name}' ({gguf}) within {PROBE_TIMEOUT_S} s on this CPU "
