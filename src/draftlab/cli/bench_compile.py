@@ -15,11 +15,10 @@ import argparse
 from dataclasses import dataclass
 
 from draftlab.cli.common import machine_profile
-from draftlab.models.cost_curve import COMPILE_MARGIN
+from draftlab.models.cost_curve import compiled_wins
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
 
-MARGIN = COMPILE_MARGIN
 # Where the two profiles are set against each other: a typical prompt and the default answer length.
 PROMPT_TOKENS = 256
 NEW_TOKENS = 64
@@ -52,12 +51,13 @@ def compile_choice(args: argparse.Namespace, target: LoadedModel) -> CompileChoi
             f"no compiled profile of {name} on this machine: `draftlab profile --compile` builds its "
             "package once and measures it, then bench runs the methods compiled where that is faster",
         )
-    eager_ms = machine_profile(target).curve.plain_decoding_ms(PROMPT_TOKENS, NEW_TOKENS)
+    eager = machine_profile(target)
+    eager_ms = eager.curve.plain_decoding_ms(PROMPT_TOKENS, NEW_TOKENS)
     compiled_ms = compiled.curve.plain_decoding_ms(PROMPT_TOKENS, NEW_TOKENS)
     figures = (
         f"plain decoding of a {PROMPT_TOKENS}-token prompt and {NEW_TOKENS} new tokens predicted "
         f"{compiled_ms / 1000:.2f} s compiled, {eager_ms / 1000:.2f} s eager ({target.spec.dtype})"
     )
-    if compiled_ms < MARGIN * eager_ms:
+    if compiled_wins(eager.curve, compiled.curve, PROMPT_TOKENS, NEW_TOKENS):
         return CompileChoice(True, False, f"compiled: {figures}")
     return CompileChoice(False, True, f"eager: {figures}")

@@ -13,7 +13,7 @@ from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.hardware import supported_dtypes
 from draftlab.models.compiled import compiled_steps
-from draftlab.models.cost_curve import COMPILE_MARGIN, TIE_BAND, Profile, pick_dtype, verify_slope
+from draftlab.models.cost_curve import TIE_BAND, Profile, compiled_wins, pick_dtype, verify_slope
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
@@ -268,13 +268,10 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
         lm = load_spec(ModelSpec(name, dtype, device, attn))
         curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
         compiled = load_cached(lm, compiled=True) if joint and lm.engine == "hf" else None
-        if compiled is not None:
-            eager_ms = curves[dtype].plain_decoding_ms(prompt_tokens, args.max_new_tokens)
-            if (
-                compiled.curve.plain_decoding_ms(prompt_tokens, args.max_new_tokens)
-                < COMPILE_MARGIN * eager_ms
-            ):
-                curves[dtype], ways[dtype] = compiled.curve, "compiled"
+        if compiled is not None and compiled_wins(
+            curves[dtype], compiled.curve, prompt_tokens, args.max_new_tokens
+        ):
+            curves[dtype], ways[dtype] = compiled.curve, "compiled"
     dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
     others = ", ".join(f"{d} {ways[d]} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
     reason = (

@@ -28,7 +28,7 @@ from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware, supported_dtypes
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
-from draftlab.models.cost_curve import COMPILE_MARGIN, Profile, pick_dtype, verify_slope
+from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
@@ -163,8 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 compiled = _profile(
                     console, args, results, "target", target, bandwidth, compiled=True, bucket_need=need
                 )
-                eager_ms = curves[dtype].plain_decoding_ms(256, args.max_new_tokens)
-                if compiled.curve.plain_decoding_ms(256, args.max_new_tokens) < COMPILE_MARGIN * eager_ms:
+                if compiled_wins(curves[dtype], compiled.curve, 256, args.max_new_tokens):
                     ways[dtype], curves[dtype] = "compiled", compiled.curve  # as bench would run it
             except DraftlabError as error:
                 # No package here (no C++ compiler, a model that does not export): the eager

@@ -136,6 +136,13 @@ TIE_BAND = 0.10
 COMPILE_MARGIN = 0.9
 
 
+def compiled_wins(eager: CostCurve, compiled: CostCurve, prompt_tokens: int, new_tokens: int) -> bool:
+    """Whether compiled plain decoding is predicted faster than eager by COMPILE_MARGIN: the one
+    rule for bench's compile choice, `--dtype auto` and `profile`'s line."""
+    ms = compiled.plain_decoding_ms(prompt_tokens, new_tokens)
+    return ms < COMPILE_MARGIN * eager.plain_decoding_ms(prompt_tokens, new_tokens)
+
+
 def verify_slope(curve: CostCurve, k: int = 4, context: int = 256) -> float:
     """What verifying k drafts costs relative to a plain step: 1 is free speculation."""
     return curve.forward_ms(k + 1, context) / curve.forward_ms(1, context)
