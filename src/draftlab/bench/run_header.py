@@ -27,7 +27,7 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     ]
     if extra.get("head"):
         rows.append(("EAGLE-3 head", extra["head"]))
-    rows.append(("dtype", _dtype(run, extra.get("dtype_choice"))))
+    rows.append(("dtype", _dtype(run, extra.get("dtype_choice"), extra.get("target_storage"))))
     if extra.get("hardware"):
         rows.append(_hardware(extra["hardware"]))
     engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or ["hf"]
@@ -170,8 +170,10 @@ def bandwidth_line(summary: dict) -> str | None:
     )
 
 
-def _dtype(run: dict, choice: dict | None) -> str:
+def _dtype(run: dict, choice: dict | None, storage: str | None = None) -> str:
     text = f"{run['dtype']} on {run['device']}"
+    if storage:  # a 4-bit target: its own blocks, or quantized here (then not the plain target)
+        text += f"; the target's linear layers from {storage}"
     if choice:
         text += f"; dtype chosen: {choice['dtype']}, because {choice['reason']}"
     return text

@@ -220,6 +220,7 @@ def execute(
         suite=args.suite,
         extra={
             "kind": kind,
+            **({"target_storage": target.storage} if getattr(target, "storage", None) else {}),
             "baselines": baselines,
             "examples": len(examples),
             "turns": sum(len(e.turns) for e in examples),

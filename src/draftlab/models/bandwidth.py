@@ -70,7 +70,9 @@ def weight_bytes(lm) -> int:
 
         return int(llama_cpp.llama_model_size(lm.llm.model))
     # parameters() yields a tied weight once; a shell's (meta) parameters have their dtype's size too.
-    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    # A 4-bit layer's packed codes and scales are buffers (models/q4.py), which it reports itself.
+    params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    return params + sum(m.step_bytes() for m in lm.model.modules() if hasattr(m, "step_bytes"))
 
 
 def limit_ms(weight_bytes_: int, bandwidth: Bandwidth) -> float:

@@ -48,12 +48,17 @@ INDUCTOR_CONFIGS = {
 # templates made the decode step slower (22.0-23.0 ms against 18.4-19.3, docs/results.md) and the
 # build twice as long (1 min 57 s against 59 s).
 HALF_INDUCTOR_CONFIGS = {"freezing": True}
+# 4-bit layers need max-autotune: it picks inductor's WOQ int4 GEMM template (an AMX micro-kernel on
+# a Xeon) over aten's int4 kernel. 30 layers of the default target's 4-bit matrices took 4.9 / 5.8 /
+# 8.2 / 9.7 ms for passes of 1 / 2 / 4 / 8 tokens with it, 10.2 / 12.5 / 13.0 / 22.8 ms with
+# freezing alone (Sapphire Rapids, 2 cores).
+AUTOTUNED_DTYPES = ("float32", "q4_1")
 
 
 def inductor_configs(dtype: str) -> dict:
     # A copy: aoti_compile_and_package adds its own keys to the dict it is given, and a package's
     # name is made from these settings.
-    return dict(INDUCTOR_CONFIGS if dtype == "float32" else HALF_INDUCTOR_CONFIGS)
+    return dict(INDUCTOR_CONFIGS if dtype in AUTOTUNED_DTYPES else HALF_INDUCTOR_CONFIGS)
 
 
 FIRST_BUCKET = 512

