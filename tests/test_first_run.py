@@ -36,6 +36,8 @@ def test_half_precision_packages_are_built_only_with_native_units(flags, bf16, f
     assert compile_skip_reason("float32", flags) is None
     assert (compile_skip_reason("bfloat16", flags) is None) == bf16
     assert (compile_skip_reason("float16", flags) is None) == fp16
+    # 4-bit weights compute in bfloat16: a package only where bfloat16 is native.
+    assert (compile_skip_reason("q4_1", flags) is None) == bf16
     if not bf16:
         reason = compile_skip_reason("bfloat16", flags)
         assert "bfloat16 is emulated" in reason and "avx512_bf16 or amx_bf16" in reason
@@ -73,7 +75,7 @@ def two_dtypes(tiny_pair, tmp_path, monkeypatch):
     """The tiny Llama in float32 and bfloat16, with cached profiles of a machine like the Zen3 of
     issue 47: eager bfloat16 faster than eager float32, compiled float32 fastest of all."""
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
-    monkeypatch.setattr(common, "supported_dtypes", lambda device: ["float32", "bfloat16"])
+    monkeypatch.setattr(common, "candidate_dtypes", lambda name, device: ["float32", "bfloat16"])
     name = str(tiny_pair["llama"][0])
     models = {d: load_model(ModelSpec(name, dtype=d)) for d in ("float32", "bfloat16")}
     _profile(models["float32"], False, 120.0)
@@ -101,3 +103,19 @@ def test_dtype_auto_prices_each_dtype_the_way_bench_would_run_it(two_dtypes):
     _profile(models["float32"], True, 112.0)
     dtype, record = _choose(name, None)
     assert dtype == "bfloat16" and record["ways"]["float32"] == "eager"
+
+
+def test_dtype_auto_weighs_the_4_bit_storage_jointly_with_compilation(two_dtypes, monkeypatch):
+    """One choice over dtype or storage × eager or compiled: a 4-bit target whose compiled passes
+    are the fastest wins; where its profiles are slower than another dtype's, that one does."""
+    name, models = two_dtypes
+    monkeypatch.setattr(common, "candidate_dtypes", lambda name, device: ["float32", "bfloat16", "q4_1"])
+    q4 = load_model(ModelSpec(name, dtype="q4_1"))
+    _profile(q4, False, 100.0)
+    _profile(q4, True, 40.0)
+    dtype, record = _choose(name, None)
+    assert dtype == "q4_1" and record["ways"]["q4_1"] == "compiled", record
+    assert "in q4_1 compiled" in record["reason"] and "float32 compiled" in record["reason"]
+    _profile(q4, True, 98.0)  # compiled within the margin of its eager profile: eager, and slower
+    dtype, record = _choose(name, None)
+    assert dtype == "float32" and record["ways"]["q4_1"] == "eager"

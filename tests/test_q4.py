@@ -17,7 +17,7 @@ from tolerance import sum_tol
 from draftlab.cli import main
 from draftlab.models import q4
 from draftlab.models.cached import CachedModel
-from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.loading import ModelSpec, candidate_dtypes, load_model
 
 
 def _blocks(rows: int, cols: int, scale: float, seed: int = 0) -> q4.Q4Blocks:
@@ -76,6 +76,7 @@ def q4_llama(tmp_path_factory):
 def test_a_checkpoint_loads_as_q4_1_quantized_and_labelled_so(q4_llama):
     lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
     assert lm.storage == q4.QUANTIZED and lm.fingerprint()["storage"] == q4.QUANTIZED
+    assert "q4_1" not in candidate_dtypes(str(q4_llama), "cpu")  # never chosen for the user
     layers = [m for m in lm.model.modules() if isinstance(m, q4.Q4Linear)]
     assert len(layers) == 2 * 7  # every matrix of both decoder layers; the tied head stays
     reference = load_model(ModelSpec(str(q4_llama), dtype="float32"))
@@ -169,3 +170,5 @@ def test_the_default_targets_own_blocks_are_its_checkpoint():
     )
     lm = load_model(ModelSpec("smollm2-135m-instruct", dtype="q4_1"))
     assert lm.storage == q4.OWN
+    # Its own blocks make the 4-bit storage a candidate of --dtype auto on a CPU.
+    assert "q4_1" in candidate_dtypes("smollm2-135m-instruct", "cpu")

@@ -49,8 +49,7 @@ def profiles(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
 
     def supports(*dtypes: str) -> None:
-        for module in ("draftlab.cli.common", "draftlab.cli.bench"):
-            monkeypatch.setattr(f"{module}.supported_dtypes", lambda device: list(dtypes))
+        monkeypatch.setattr("draftlab.models.loading.supported_dtypes", lambda device: list(dtypes))
 
     return supports
 

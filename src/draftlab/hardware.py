@@ -139,6 +139,7 @@ def native_bf16() -> bool:
 EMULATED_HALF = {
     "bfloat16": ("avx512_bf16", "amx_bf16"),
     "float16": ("avx512_fp16", "amx_fp16"),
+    "q4_1": ("avx512_bf16", "amx_bf16"),  # 4-bit weights, bfloat16 arithmetic (models/q4.py)
 }
 
 

@@ -53,10 +53,10 @@ from draftlab.cli.run_setup import (
 from draftlab.decode.build import check_fits
 from draftlab.decode.spec import DecoderConfig, method_names, method_spec
 from draftlab.errors import DraftlabError
-from draftlab.hardware import fingerprint_key, hardware, peak_rss_mb, supported_dtypes
+from draftlab.hardware import fingerprint_key, hardware, peak_rss_mb
 from draftlab.models.bandwidth import cached_bandwidth, weight_bytes
 from draftlab.models.cache import local_dir, packaged_problem
-from draftlab.models.loading import DTYPES, LoadedModel
+from draftlab.models.loading import DTYPES, LoadedModel, candidate_dtypes
 from draftlab.models.profile import profile_dir
 from draftlab.models.registry import ENTRIES
 
@@ -317,7 +317,7 @@ def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
     if args.ar_dtypes == "none":
         return []
     dtypes = (
-        supported_dtypes(target.spec.device)
+        candidate_dtypes(target.spec.name, target.spec.device)
         if args.ar_dtypes == "supported"
         else parse_list(args.ar_dtypes, str, "dtype")
     )

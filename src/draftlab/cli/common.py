@@ -11,14 +11,15 @@ from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DEFAULTS, DecoderConfig
 from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
-from draftlab.hardware import supported_dtypes
 from draftlab.models.compiled import compiled_steps
 from draftlab.models.cost_curve import TIE_BAND, Profile, compiled_wins, pick_dtype, verify_slope
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
+    STORAGES,
     LoadedModel,
     ModelSpec,
+    candidate_dtypes,
     check_compatible,
     load_model,
 )
@@ -264,7 +265,7 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
     # margin bench_compile applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
     # 7.80, while compiled float32 was predicted 3.51 s and never considered.)
     joint = getattr(args, "compile", False) is None and device == "cpu"
-    for dtype in supported_dtypes(device):
+    for dtype in candidate_dtypes(name, device):
         lm = load_spec(ModelSpec(name, dtype, device, attn))
         curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
         compiled = load_cached(lm, compiled=True) if joint and lm.engine == "hf" else None
@@ -322,9 +323,11 @@ def cost_model(
 def load_draft(
     args: argparse.Namespace, name: str, target: LoadedModel, attn: str | None = None
 ) -> LoadedModel:
-    # With --dtype auto the draft follows the target's dtype unless --draft-dtype says otherwise.
-    if (args.draft_dtype or args.dtype) == "auto":
-        dtype = target.spec.dtype
+    # With --dtype auto (or a 4-bit --dtype) the draft follows the target's dtype, the one its 4-bit
+    # storage computes in, unless --draft-dtype says otherwise: a draft quantized here would be
+    # another draft.
+    if args.draft_dtype is None and (args.dtype == "auto" or args.dtype in STORAGES):
+        dtype = STORAGES.get(target.spec.dtype, target.spec.dtype)
         device = args.draft_device or args.device
         draft = load_spec(ModelSpec(name, dtype, device, attn or args.attn_implementation))
     else:

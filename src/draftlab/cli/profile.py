@@ -26,10 +26,10 @@ from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
-from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware, supported_dtypes
+from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
-from draftlab.models.loading import ModelSpec
+from draftlab.models.loading import ModelSpec, candidate_dtypes
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     target_name = args.target or DEFAULT_TARGET
     draft_name = args.draft or (DEFAULT_DRAFT if args.target is None else None)
     device = args.target_device or args.device
-    dtypes = supported_dtypes(device) if args.dtype == "auto" else [args.dtype]
+    dtypes = candidate_dtypes(target_name, device) if args.dtype == "auto" else [args.dtype]
     hw = hardware(device)
     console.print(f"[bold]{hw['name']}[/] · " + ", ".join(f"{k}: {v}" for k, v in hw.items() if k != "name"))
     out_dir = Path(args.out) if args.out else Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from draftlab.errors import DraftlabError, first_line
-from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env
+from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env, supported_dtypes
 from draftlab.models import q4, registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -116,6 +116,17 @@ class LoadedModel:
             "transformers": transformers.__version__,
             "schema": PROFILE_SCHEMA,
         }
+
+
+def candidate_dtypes(name: str, device: str) -> list[str]:
+    """What `--dtype auto` weighs for a target: the device's dtypes, and on a CPU the 4-bit storage
+    where the target's own weights are Q4_1 (a catalogue GGUF): there it is the target itself in a
+    quarter of bfloat16's bytes. A checkpoint quantized here is another model, so never chosen
+    for the user."""
+    dtypes = supported_dtypes(device)
+    if device == "cpu" and q4.own_gguf(name) is not None:
+        dtypes.append(q4.STORAGE)
+    return dtypes
 
 
 def shape_key(path: str) -> str:

@@ -17,6 +17,7 @@ quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,21 +210,28 @@ def apply(model: nn.Module, blocks: dict[str, Q4Blocks]) -> None:
         setattr(parent, child, Q4Linear(b))
 
 
-def attach(model: nn.Module, name: str) -> str:
-    """Run `model`'s linear layers from Q4_1: a catalogue target's own GGUF blocks where it has them,
-    else its weights quantized here. Returns which (OWN or QUANTIZED), for labels and fingerprints."""
+def own_gguf(name: str) -> Path | None:
+    """The GGUF whose Q4_1 blocks are the catalogue model `name`'s own weights, or None."""
     from draftlab.models import install  # noqa: PLC0415
     from draftlab.models.catalogue import ENTRIES  # noqa: PLC0415
 
     entry = ENTRIES.get(name)
     gguf = install.gguf_path(entry) if entry is not None and entry.gguf_file else None
-    if gguf is not None and _is_q4_1(gguf):
+    return gguf if gguf is not None and _is_q4_1(gguf) else None
+
+
+def attach(model: nn.Module, name: str) -> str:
+    """Run `model`'s linear layers from Q4_1: a catalogue target's own GGUF blocks where it has them,
+    else its weights quantized here. Returns which (OWN or QUANTIZED), for labels and fingerprints."""
+    gguf = own_gguf(name)
+    if gguf is not None:
         apply(model, gguf_blocks(gguf, model.config))
         return OWN
     apply(model, quantized_blocks(model))
     return QUANTIZED
 
 
+@functools.lru_cache(maxsize=8)
 def _is_q4_1(path: Path) -> bool:
     from gguf import GGMLQuantizationType, GGUFReader  # noqa: PLC0415
 
