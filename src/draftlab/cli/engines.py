@@ -15,7 +15,14 @@ from draftlab.engines import ENGINES, engines_for
 from draftlab.engines.vllm.config import EngineArgs, import_vllm, parse_engine_arg
 from draftlab.engines.vllm.engine import EnginePool, VllmDecoder
 from draftlab.errors import DraftlabError
-from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible, load_model, resolve_path
+from draftlab.models.loading import (
+    STORAGES,
+    LoadedModel,
+    ModelSpec,
+    check_compatible,
+    load_model,
+    resolve_path,
+)
 from draftlab.sampling import SamplingParams
 
 VLLM_SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
@@ -118,7 +125,8 @@ def load_shells(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel
 def vllm_dtype(args: argparse.Namespace, target: LoadedModel, hf_ran: bool) -> str:
     """The hf engine's dtype when it runs too (the same arithmetic on both), else --dtype or vLLM's auto."""
     if hf_ran or (args.target_dtype or args.dtype) != "auto":
-        return target.spec.dtype
+        # Our 4-bit storage is our engine's: vLLM runs the checkpoint in the dtype it computes in.
+        return STORAGES.get(target.spec.dtype, target.spec.dtype)
     return "auto"
 
 

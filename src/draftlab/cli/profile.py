@@ -29,7 +29,7 @@ from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
-from draftlab.models.loading import ModelSpec, candidate_dtypes
+from draftlab.models.loading import STORAGES, ModelSpec, candidate_dtypes
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
 
@@ -242,8 +242,20 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
         return
     for dtype in dtypes:
         names = [("target", target_name)] + ([("draft", draft_name)] if draft_name else [])
+        # A 4-bit target's draft computes in the storage's dtype, as bench runs it (cli/common.load_draft).
         models = [
-            (role, load_spec(ModelSpec(n, dtype, device, args.attn_implementation))) for role, n in names
+            (
+                role,
+                load_spec(
+                    ModelSpec(
+                        n,
+                        dtype if role == "target" else STORAGES.get(dtype, dtype),
+                        device,
+                        args.attn_implementation,
+                    )
+                ),
+            )
+            for role, n in names
         ]
         head = head_name(args)  # the default target's shipped head too: bench would measure it
         if head is not None:  # an EAGLE-3 head beside its target, in the target's dtype
