@@ -11,7 +11,7 @@ import pytest
 from draftlab.cli import common
 from draftlab.hardware import compile_skip_reason
 from draftlab.models.compiled import choose_bucket, keep_longest, static_length
-from draftlab.models.cost_curve import CostCurve, Profile
+from draftlab.models.cost_curve import CostCurve, Profile, pick_dtype
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import save
 
@@ -119,3 +119,22 @@ def test_dtype_auto_weighs_the_4_bit_storage_jointly_with_compilation(two_dtypes
     _profile(q4, True, 98.0)  # compiled within the margin of its eager profile: eager, and slower
     dtype, record = _choose(name, None)
     assert dtype == "float32" and record["ways"]["q4_1"] == "eager"
+
+
+def _curve(step_ms: float, slope: float) -> CostCurve:
+    """A profile whose 1-token pass costs step_ms and whose 5-token pass costs slope × that."""
+    row = [step_ms, step_ms * (1 + (slope - 1) / 4), step_ms * slope, step_ms * slope * 1.2]
+    return CostCurve([1, 2, 5, 8], [64, 256], [row, row], [16, 256], [4 * step_ms] * 2)
+
+
+def test_among_tied_dtypes_the_cheapest_verification_wins():
+    # The cold run of stop 53: compiled bfloat16 predicted 7% slower than the 4-bit target but a
+    # little flatter. Checking 4 drafts costs less in q4_1 (25.3 × 1.15 < 27.3 × 1.09): q4_1.
+    dtype, predicted = pick_dtype({"bfloat16": _curve(27.3, 1.09), "q4_1": _curve(25.3, 1.15)}, 256, 64)
+    assert dtype == "q4_1" and predicted["q4_1"] < predicted["bfloat16"]
+    # A tied dtype whose verification is dear loses to a slower, flat one (float16 on the Xeon).
+    dtype, _ = pick_dtype({"bfloat16": _curve(27.3, 1.09), "float16": _curve(25.5, 1.48)}, 256, 64)
+    assert dtype == "bfloat16"
+    # Outside the tie band the fastest plain decoding wins, however steep.
+    dtype, _ = pick_dtype({"bfloat16": _curve(27.3, 1.0), "q4_1": _curve(20.0, 1.6)}, 256, 64)
+    assert dtype == "q4_1"

@@ -282,8 +282,8 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
     )
     if predicted[dtype] > min(predicted.values()):
         reason += (
-            f"; within {TIE_BAND:.0%} of the fastest, and verifying 4 drafts costs "
-            f"{verify_slope(curves[dtype]):.2f}× a plain step in it"
+            f"; within {TIE_BAND:.0%} of the fastest, and verifying 4 drafts costs least in it "
+            f"({verify_slope(curves[dtype]):.2f}× a plain step)"
         )
     choices[name] = {
         "dtype": dtype,
