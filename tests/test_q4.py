@@ -47,8 +47,8 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(s
     layer = q4.Q4Linear(blocks)
     eye = torch.eye(96)
     # One-hot rows read single weights back: a decoding step (the int4 kernel) and a prompt longer
-    # than PREFILL_ROWS (dequantized to bfloat16) alike.
-    for x in (eye[:8], eye.repeat(2, 1)[: q4.PREFILL_ROWS + 20]):
+    # than DENSE_ROWS (the bfloat16 copy) alike.
+    for x in (eye[:8], eye.repeat(2, 1)[: q4.DENSE_ROWS + 20]):
         assert _off(blocks, x, layer(x)) <= 0
     x = torch.randn(5, 96)
     # Dense inputs: the kernel's float32 sum over 96 products adds its own rounding.

@@ -31,8 +31,9 @@ GROUP = 32
 ROWS = 16  # torch's CPU int4 packing takes output rows in multiples of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
 STORAGE = "q4_1"
-# Passes longer than this dequantize to bfloat16 (Q4Linear); the int4 kernel's time grows with rows.
-PREFILL_ROWS = 64
+# Passes longer than this run a bfloat16 copy (Q4Linear): the int4 kernel's time grows with the rows,
+# and at 8 rows it matched bfloat16's (11.8 against 12.0 ms for the default target's 210 matrices).
+DENSE_ROWS = 8
 OWN = "the GGUF's own Q4_1 blocks"
 QUANTIZED = "quantized to Q4_1 by draftlab"
 # llama.cpp's tensor names for a llama block's matrices, and where transformers keeps them.
@@ -89,8 +90,8 @@ class Q4Blocks:
 def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
     """Per weight, how far the layer's bfloat16 arithmetic may move it from the GGUF's q·d + m, read
     back as a bfloat16 output. The kernel rounds d and m + 8d to bfloat16 (≤ u·(16|d| + |m|) for codes
-    0..15, u bfloat16's unit roundoff), the prompt path d, m and the weight itself (≤ u·(15|d| + |m|)
-    + u·|w|), and the output is rounded once more (u·|w|, |w| ≤ 15|d| + |m|): u·(31|d| + 2|m|)
+    0..15, u bfloat16's unit roundoff), the prompt path the weight itself (≤ u·|w|), and the output
+    is rounded once more (u·|w|, |w| ≤ 15|d| + |m|): u·(31|d| + 2|m|)
     bounds either, plus float32's own rounding of the sum."""
     u = torch.finfo(torch.bfloat16).eps / 2
     d = torch.from_numpy(blocks.d.astype(np.float32)).abs().repeat_interleave(GROUP, dim=1)
@@ -101,11 +102,12 @@ def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
 class Q4Linear(nn.Module):
     """A bias-free linear layer over packed Q4_1 codes; computes in bfloat16.
 
-    Passes of up to PREFILL_ROWS tokens (every decoding step and verification) run torch's int4 kernel
-    over the packed codes, reading a quarter of bfloat16's bytes. Longer ones (prompts) dequantize the
-    matrix to bfloat16 first, from the same codes kept in ggml's own layout: the int4 kernel's time
-    grows with the rows (460 ms for a 256-token prompt of the default target, against about 250 this
-    way), a dequantization does not."""
+    Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run
+    torch's int4 kernel over the packed codes, reading a quarter of bfloat16's bytes. Longer ones
+    (prompts) run a bfloat16 copy of the same values made once at load: the int4 kernel's time grows
+    with the rows (a 256-token prompt of the default target took 460 ms through it, 127 ms in
+    bfloat16), while a long pass is bound by arithmetic, not bytes. The copy is a plain attribute,
+    not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read it."""
 
     def __init__(self, blocks: Q4Blocks) -> None:
         super().__init__()
@@ -118,26 +120,19 @@ class Q4Linear(nn.Module):
         # [K/32, N, 2]: scale and zero per group and output row, the kernel's layout.
         sz = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16))
-        # For prompts: byte j of a block holds codes j (low nibble) and j + 16 (high), as in ggml.
-        grouped = codes.to(torch.uint8).reshape(rows, cols // GROUP, 2, GROUP // 2)
-        self.register_buffer("nibbles", grouped[:, :, 0] | (grouped[:, :, 1] << 4))
-        self.register_buffer("d", d.to(torch.bfloat16)[..., None])
-        self.register_buffer("m", m.to(torch.bfloat16)[..., None])
+        self.dense = blocks.dequantize().to(torch.bfloat16)
 
     def step_bytes(self) -> int:
         """What a decoding step reads of this layer: the packed codes and their scales."""
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_and_zeros))
 
-    def dequantized(self) -> torch.Tensor:
-        codes = torch.cat([self.nibbles & 0x0F, self.nibbles >> 4], dim=-1).to(torch.bfloat16)
-        return torch.addcmul(self.m, codes, self.d).reshape(self.out_features, self.in_features)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        if rows.shape[0] > PREFILL_ROWS:
-            return nn.functional.linear(rows, self.dequantized()).reshape(*shape[:-1], self.out_features)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
+        if rows.shape[0] > DENSE_ROWS:
+            out = nn.functional.linear(rows, self.dense)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
