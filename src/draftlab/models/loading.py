@@ -195,7 +195,9 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
         ) from None
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     if spec.dtype in STORAGES and spec.device != "cpu":
-        raise DraftlabError(f"dtype {spec.dtype} runs on the CPU (torch's int4 kernel), not on '{spec.device}'")
+        raise DraftlabError(
+            f"dtype {spec.dtype} runs on the CPU (torch's int4 kernel), not on '{spec.device}'"
+        )
     # A 4-bit storage is quantized from the checkpoint's own precision (float32 at most), then the
     # rest of the model computes in the storage's dtype.
     kwargs: dict = {"dtype": torch.float32 if spec.dtype in STORAGES else DTYPES[spec.dtype]}
