@@ -569,7 +569,7 @@ def test_models_compiled_lists_the_packages_and_clear_removes_them(tmp_path, mon
 
 
 def test_without_a_working_compiler_compile_fails_in_one_line_and_profile_goes_on_eagerly(
-    tiny_pair, tmp_path, monkeypatch, capsys
+    tiny_pair, tmp_path, monkeypatch, capsys, request
 ):
     """AOTInductor needs a C++ compiler: without one, `--compile` stops with a one-line error, and
     `draftlab profile --compile` (the README's first command) measures the eager profiles anyway, so
@@ -579,7 +579,11 @@ def test_without_a_working_compiler_compile_fails_in_one_line_and_profile_goes_o
     monkeypatch.setenv("DRAFTLAB_COMPILED_DIR", str(tmp_path / "compiled"))
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
+    # inductor's own patch: pytest's monkeypatch deletes a sub-config's key when it undoes it
+    # (`config.cpp.cxx` then "does not exist" for every later build in this worker).
+    no_compiler = inductor_config.patch({"cpp.cxx": (None, str(tmp_path / "no-such-g++"))})
+    no_compiler.__enter__()
+    request.addfinalizer(lambda: no_compiler.__exit__(None, None, None))
     target = str(tiny_pair["gpt_neox"][0])
     argv = ["generate", "hello", "--target", target, "--method", "ar", "--dtype", "float32", "--compile"]
     assert main(argv) == 2
