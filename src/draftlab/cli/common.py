@@ -76,8 +76,10 @@ def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "auto")
         "--dtype",
         choices=[*DTYPES, "auto"],
         default=default_dtype,
-        help="dtype of both models; auto (default): the dtype whose plain decoding is fastest on this "
-        "machine, from its measured cost profile",
+        help="dtype of both models; q4_1: the target's linear layers from 4-bit Q4_1 blocks (its GGUF's "
+        "own, else quantized here), computing in bfloat16 on the CPU, the draft in bfloat16; auto "
+        "(default): the dtype whose plain decoding is fastest on this machine, from its measured cost "
+        "profile (q4_1 only where the target's own weights are Q4_1)",
     )
     g.add_argument("--target-dtype", choices=list(DTYPES), default=None)
     g.add_argument("--draft-dtype", choices=list(DTYPES), default=None)
