@@ -163,7 +163,9 @@ def test_the_default_targets_own_blocks_are_its_checkpoint():
         weight = checkpoint.model.get_submodule(name).weight
         assert torch.equal(b.dequantize().to(torch.bfloat16), weight), name
     q = blocks["model.layers.0.self_attn.q_proj"]
-    unpermuted = q.rows(np.argsort(q4._rope_order(576, 9)))  # the GGUF's own row order
+    order = q4.transformers_rows("blk.0.attn_q.weight", 576, checkpoint.model.config)
+    assert not np.array_equal(order, np.arange(576))
+    unpermuted = q.rows(np.argsort(order))  # the GGUF's own row order
     assert not torch.equal(
         unpermuted.dequantize().to(torch.bfloat16),
         checkpoint.model.get_submodule("model.layers.0.self_attn.q_proj").weight,

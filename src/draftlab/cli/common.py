@@ -21,6 +21,7 @@ from draftlab.models.loading import (
     ModelSpec,
     candidate_dtypes,
     check_compatible,
+    compute_dtype,
     load_model,
 )
 from draftlab.models.profile import (
@@ -329,7 +330,7 @@ def load_draft(
     # storage computes in, unless --draft-dtype says otherwise: a draft quantized here would be
     # another draft.
     if args.draft_dtype is None and (args.dtype == "auto" or args.dtype in STORAGES):
-        dtype = STORAGES.get(target.spec.dtype, target.spec.dtype)
+        dtype = compute_dtype(target.spec.dtype)
         device = args.draft_device or args.device
         draft = load_spec(ModelSpec(name, dtype, device, attn or args.attn_implementation))
     else:

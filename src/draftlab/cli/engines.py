@@ -16,10 +16,10 @@ from draftlab.engines.vllm.config import EngineArgs, import_vllm, parse_engine_a
 from draftlab.engines.vllm.engine import EnginePool, VllmDecoder
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import (
-    STORAGES,
     LoadedModel,
     ModelSpec,
     check_compatible,
+    compute_dtype,
     load_model,
     resolve_path,
 )
@@ -126,7 +126,7 @@ def vllm_dtype(args: argparse.Namespace, target: LoadedModel, hf_ran: bool) -> s
     """The hf engine's dtype when it runs too (the same arithmetic on both), else --dtype or vLLM's auto."""
     if hf_ran or (args.target_dtype or args.dtype) != "auto":
         # Our 4-bit storage is our engine's: vLLM runs the checkpoint in the dtype it computes in.
-        return STORAGES.get(target.spec.dtype, target.spec.dtype)
+        return compute_dtype(target.spec.dtype)
     return "auto"
 
 

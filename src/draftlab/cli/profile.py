@@ -29,7 +29,7 @@ from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
-from draftlab.models.loading import STORAGES, ModelSpec, candidate_dtypes
+from draftlab.models.loading import ModelSpec, candidate_dtypes, compute_dtype
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
 
@@ -249,7 +249,7 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
                 load_spec(
                     ModelSpec(
                         n,
-                        dtype if role == "target" else STORAGES.get(dtype, dtype),
+                        dtype if role == "target" else compute_dtype(dtype),
                         device,
                         args.attn_implementation,
                     )

@@ -118,6 +118,12 @@ class LoadedModel:
         }
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype a model of `dtype` computes in: a 4-bit storage's, else itself (a draft beside a 4-bit
+    target runs in it, and so does an engine without our storage)."""
+    return STORAGES.get(dtype, dtype)
+
+
 def candidate_dtypes(name: str, device: str) -> list[str]:
     """What `--dtype auto` weighs for a target: the device's dtypes, and on a CPU the 4-bit storage
     where the target's own weights are Q4_1 (a catalogue GGUF): there it is the target itself in a

@@ -6,10 +6,9 @@ Q4_1 (ggml): blocks of 32 weights along the input dimension, each a float16 scal
 `m` and 16 bytes of 4-bit codes `q`, low nibbles first; a weight is `q·d + m`.
 
 torch's kernel (`_weight_int4pack_mm_for_cpu`) computes `(q - 8)·s + z` per group of 32, with the
-activations' dtype for `s` and `z`; only its bfloat16 path is fast (float32 is ~100× slower), so the
-layers compute in bfloat16 with `s = d` and `z = m + 8·d`, both rounded to bfloat16: a weight then moves
-by at most bfloat16's unit roundoff of |q - 8|·|d| + |m + 8d| (`weight_tolerance`), the only change to
-the GGUF's values. The embedding (tied to the output head, Q8_0 in the GGUF) stays as loaded.
+activations' dtype for `s` and `z`; only its bfloat16 path is fast (float32 activations take ~20× as long), so the
+layers compute in bfloat16 with `s = d` and `z = m + 8·d`, both rounded to bfloat16: the only change to
+the GGUF's values, bounded by `weight_tolerance`. The embedding (tied to the output head, Q8_0 in the GGUF) stays as loaded.
 
 A checkpoint without Q4_1 blocks (a user's bfloat16 folder) can be quantized to Q4_1 here (gguf-py's own
 quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
@@ -139,12 +138,17 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, storage=q4_1"
 
 
-def _rope_order(rows: int, heads: int) -> np.ndarray:
-    """llama.cpp's converter interleaves the halves of each head's q/k rows for its rope; transformers'
-    rows are row `order[i]` of the GGUF's."""
-    index = np.arange(rows)
-    permuted = index.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)
-    return np.argsort(permuted)
+def transformers_rows(name: str, rows: int, config) -> np.ndarray:
+    """Which of the GGUF tensor `name`'s rows each of transformers' rows is: llama.cpp's converter
+    interleaves the halves of each head's q and k rows for its rope, and transformers' own GGUF
+    loader (which made our checkpoint) undoes it; applied here to the row numbers."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor  # noqa: PLC0415
+
+    heads = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+    }
+    return np.asarray(LlamaTensorProcessor(config=heads).process(np.arange(rows), name).weights)
 
 
 def gguf_blocks(path: Path, config) -> dict[str, Q4Blocks]:
@@ -161,10 +165,7 @@ def gguf_blocks(path: Path, config) -> dict[str, Q4Blocks]:
             raise DraftlabError(f"{path.name}: {tensor.name} is {tensor.tensor_type.name}, not Q4_1")
         cols, rows = (int(n) for n in tensor.shape)
         blocks = Q4Blocks.from_raw(np.asarray(tensor.data), rows, cols)
-        if parts[2] == "attn_q":
-            blocks = blocks.rows(_rope_order(rows, config.num_attention_heads))
-        elif parts[2] == "attn_k":
-            blocks = blocks.rows(_rope_order(rows, config.num_key_value_heads))
+        blocks = blocks.rows(transformers_rows(tensor.name, rows, config))
         out[f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}"] = blocks
     if not out:
         raise DraftlabError(f"{path.name} holds no Q4_1 matrices of a llama model")
