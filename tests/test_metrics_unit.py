@@ -12,6 +12,7 @@ import pytest
 
 from draftlab.bench.concurrency_summary import _quantile, level_label, level_summary
 from draftlab.bench.engine_summary import engine_of, engine_summary
+from draftlab.bench.formatting import fmt_speedup, fmt_vs_best
 from draftlab.bench.group_metrics import (
     _elementwise_sum,
     acceptance,
@@ -126,7 +127,8 @@ def test_per_key_sums_repeated_keys():
         ]
     )
     assert set(out) == {("e1", 0, 0), ("x", 0, 0)}
-    assert out[("e1", 0, 0)].tolist() == [10.0, 3.0, 3 + 5, 2.0]
+    # new tokens, total s, decode tokens, decode s, prefill s, first tokens
+    assert out[("e1", 0, 0)].tolist() == [10.0, 3.0, 3 + 5, 2.0, 0.2, 2.0]
 
 
 def test_speedup_matches_keys_and_divides_rates():
@@ -176,7 +178,48 @@ def test_speedup_matches_keys_and_divides_rates():
         "decode_speedup": None,
         "decode_speedup_ci_low": None,
         "decode_speedup_ci_high": None,
+        "measured_speedup": None,
+        "length_gap": None,
+        "projected_keys": 0,
     }
+
+
+def test_a_speedup_compares_equal_work_where_lengths_differ():
+    """Issue 49's case: a 720-token prompt answered in 2 tokens by one engine and in 64 by the
+    fastest plain decoding. Both decode at 20 ms a token; the short answer's rate is almost all
+    prefill. Projected to 64 tokens, the two take the same time: 1.0x, not 0.05x."""
+    short = rec("ar", example_id="law", new_tokens=2, prefill_s=0.5, decode_s=0.02, total_s=0.52)
+    long = rec("ar llamacpp", example_id="law", new_tokens=64, prefill_s=0.5, decode_s=63 * 0.02)
+    long.total_s = long.prefill_s + long.decode_s
+    s = speedup([short], [long], resamples=0)
+    assert s["measured_speedup"] == pytest.approx((2 / 0.52) / (64 / long.total_s))
+    assert s["measured_speedup"] < 0.11
+    assert s["speedup"] == pytest.approx(1.0)
+    assert s["length_gap"] == pytest.approx(62 / 64) and s["projected_keys"] == 1
+    # The other way round too: the long answer cut to the short one's work.
+    assert speedup([long], [short], resamples=0)["speedup"] == pytest.approx(1.0)
+    # Twice as fast a decoder, stopped early: its projected time is prefill + 63 x 10 ms.
+    fast = rec("pld", example_id="law", new_tokens=3, prefill_s=0.5, decode_s=0.02, total_s=0.52)
+    assert speedup([fast], [long], resamples=0)["speedup"] == pytest.approx(long.total_s / (0.5 + 63 * 0.01))
+    # Equal lengths: the plain ratio of rates, nothing projected.
+    same = rec("sps", example_id="law", new_tokens=64, prefill_s=0.4, decode_s=0.7, total_s=1.1)
+    s = speedup([same], [long], resamples=0)
+    assert s["speedup"] == pytest.approx(s["measured_speedup"]) == pytest.approx(long.total_s / 1.1)
+    assert s["length_gap"] == 0 and s["projected_keys"] == 0
+    # A generation with no decode tokens takes its label's pooled time per token.
+    only_prefill = rec("sps", example_id="x", new_tokens=1, prefill_s=0.3, decode_s=0.0, total_s=0.3)
+    base_x = rec("ar", example_id="x", new_tokens=11, prefill_s=0.3, decode_s=1.0, total_s=1.3)
+    s = speedup([same, only_prefill], [long, base_x], resamples=0)
+    per_token = 0.7 / 63
+    assert s["speedup"] == pytest.approx((long.total_s + 1.3) / (1.1 + 0.3 + 10 * per_token))
+
+
+def test_reports_mark_a_speedup_over_unequal_lengths():
+    marked = {"label": "sps", "best_plain": "ar", "speedup": 1.0, "length_gap": 0.5}
+    marked |= {"vs_best_ar": 0.9, "vs_best_ar_length_gap": 0.5}
+    assert fmt_speedup(marked, ci=False) == "1.00×†" and fmt_vs_best(marked).startswith("0.90×†")
+    close = {**marked, "length_gap": 0.1, "vs_best_ar_length_gap": 0.1}
+    assert fmt_speedup(close, ci=False) == "1.00×" and fmt_vs_best(close) == "0.90×"
 
 
 def test_rate_ratio_edges():
@@ -551,6 +594,7 @@ def test_vs_best_plain_compares_with_the_fastest_ar():
         "vs_best_ar": None,
         "vs_best_ar_ci_low": None,
         "vs_best_ar_ci_high": None,
+        "vs_best_ar_length_gap": None,
     }
 
 
@@ -717,8 +761,10 @@ def test_temperature_sweep_compares_with_the_baseline_at_the_same_temperature():
     assert got[("ar", 1.0)]["speedup"] == 1.0 and got[("ar", 1.0)]["is_baseline"] is True
     assert got[("sps", 0.0)]["speedup"] == pytest.approx(2.0)
     assert got[("sps", 1.0)]["speedup"] == pytest.approx(4.0)
-    # Against both baseline records (the same key twice: summed), 20 / 3 s.
-    assert got[("sps", 0.5)]["speedup"] == pytest.approx((10 / 0.5) / (20 / 3.0))
+    # Against both baseline records (the same key twice: summed), 20 tokens in 3 s; its 10 tokens
+    # projected to that work: prefill 0.1 s + 19 tokens at its 0.1 s a token.
+    assert got[("sps", 0.5)]["measured_speedup"] == pytest.approx((10 / 0.5) / (20 / 3.0))
+    assert got[("sps", 0.5)]["speedup"] == pytest.approx(3.0 / (0.1 + 19 * 0.1))
     assert got[("sps", 0.0)]["is_baseline"] is False
     assert "temperature" not in sweep_of([rec("ar"), rec("sps")])
 

@@ -21,14 +21,34 @@ def fmt_rate(value: float | None) -> str:
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
+# Above this share of differing tokens (Σ|Δ tokens| / Σ baseline tokens), a speed-up is marked as
+# over projected, equal work.
+LENGTH_GAP = 0.2
+# After a whole-generation speed-up whose lengths differ from its baseline's by more than
+# LENGTH_GAP: the figure is over projected, equal work (bench/rates.py); EQUAL_WORK_NOTE says so.
+UNEQUAL = "†"
+EQUAL_WORK_NOTE = (
+    f"{UNEQUAL}: these generations' lengths differ from the baseline's on the same prompts by more than "
+    "20% (Σ|Δ tokens| / Σ tokens); the speed-up is over equal work: each one's time projected to the "
+    "baseline's token count from its own prefill and decode ms/token (measured_speedup in summary.json "
+    "keeps the plain ratio of rates)"
+)
+
+
+def unequal(m: dict, key: str = "length_gap") -> bool:
+    gap = m.get(key)
+    return gap is not None and gap > LENGTH_GAP
+
+
 def fmt_speedup(m: dict, prefix: str = "", ci: bool = True) -> str:
-    """ "1.44× [1.14, 1.68]"; "baseline" for the baseline itself; "-" when it cannot be computed."""
+    """ "1.44× [1.14, 1.68]"; "baseline" for the baseline itself; "-" when it cannot be computed;
+    a whole-generation figure over unequal lengths is marked (UNEQUAL)."""
     value = m.get(f"{prefix}speedup")
     if value is None:
         return "-"
     if m.get("is_baseline"):
         return "baseline"
-    text = f"{value:.2f}×"
+    text = f"{value:.2f}×" + (UNEQUAL if not prefix and unequal(m) else "")
     if ci:
         text += f" {fmt_ci(m, prefix)}" if fmt_ci(m, prefix) != "-" else ""
     return text
@@ -41,7 +61,7 @@ def fmt_vs_best(m: dict) -> str:
         return "-"
     if m.get("best_plain") == m.get("label"):
         return "best"
-    text = f"{value:.2f}×"
+    text = f"{value:.2f}×" + (UNEQUAL if unequal(m, "vs_best_ar_length_gap") else "")
     low, high = m.get("vs_best_ar_ci_low"), m.get("vs_best_ar_ci_high")
     return text + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
 

@@ -221,6 +221,9 @@ def group_metrics(
             decode_speedup=1.0 if out["decode_tokens_per_s"] is not None else None,
             decode_speedup_ci_low=None,
             decode_speedup_ci_high=None,
+            measured_speedup=1.0 if out["tokens_per_s"] is not None else None,
+            length_gap=0.0,
+            projected_keys=0,
         )
     else:
         out.update(speedup(records, baseline_records, resamples=resamples, seed=seed))

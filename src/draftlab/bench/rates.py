@@ -11,6 +11,14 @@ Rules that keep the figures honest:
   (example_id, turn, repeat) with the baseline's records of the same group, and only keys
   present in both enter the ratio. Its 95% confidence interval is a percentile bootstrap over
   the matched keys with a fixed seed, so a report is reproducible.
+* A speed-up compares the same work. Engines, dtypes and sampled methods may stop at other
+  lengths: a 2-token answer to a 720-token prompt is almost all prefill, and its tokens/s set
+  against a 64-token answer's reads 0.02x whatever either decodes at. So where a generation's
+  length differs from the baseline's, its time is projected to the baseline's token count from
+  its own prefill (time to first token) and decode time per token (as serving benchmarks keep
+  TTFT and TPOT apart); equal lengths keep their measured time. The speed-up is then
+  Σ baseline seconds / Σ (projected) seconds. `length_gap` (Σ|Δ tokens| / Σ baseline tokens)
+  says how much was projected, and `measured_speedup` keeps the plain ratio of rates.
 """
 
 from __future__ import annotations
@@ -56,12 +64,30 @@ def throughput(records: Sequence[Record]) -> dict:
 
 
 def _per_key(records: Iterable[Record]) -> dict[tuple[str, int, int], np.ndarray]:
-    """Per key: [new tokens, total s, decode tokens, decode s] (summed if a key repeats)."""
+    """Per key: [new tokens, total s, decode tokens, decode s, prefill s, first tokens] (summed if a
+    key repeats)."""
     out: dict[tuple[str, int, int], np.ndarray] = {}
     for r in records:
-        row = np.array([r.new_tokens, r.total_s, decode_tokens(r), r.decode_s], dtype=float)
+        row = np.array(
+            [r.new_tokens, r.total_s, decode_tokens(r), r.decode_s, r.prefill_s, r.first_tokens], dtype=float
+        )
         out[r.key] = out[r.key] + row if r.key in out else row
     return out
+
+
+def equal_work_seconds(m: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per matched key, the seconds `m`'s generation would take to write the baseline's token count:
+    its measured time where the counts agree, else its prefill plus its decode time per token for
+    each token past its first ones (its pooled time per token where this generation decoded none)."""
+    pooled = ratio(m[:, 3].sum(), m[:, 2].sum())
+    per_token = np.where(
+        m[:, 2] > 0, m[:, 3] / np.maximum(m[:, 2], 1), pooled if pooled is not None else np.nan
+    )
+    projected = m[:, 4] + np.maximum(b[:, 0] - m[:, 5], 0) * per_token
+    # No decode time anywhere to project with: scale the whole time by the token counts.
+    scaled = m[:, 1] * np.maximum(b[:, 0], 1) / np.maximum(m[:, 0], 1)
+    projected = np.where(np.isnan(projected), scaled, projected)
+    return np.where(m[:, 0] == b[:, 0], m[:, 1], projected)
 
 
 def _rate_ratio(m: np.ndarray, b: np.ndarray, tok: int, sec: int) -> float | None:
@@ -97,8 +123,9 @@ def speedup(
 ) -> dict:
     """Speed-up of `records` over `baseline_records` on the keys both hold, with bootstrap CIs.
 
-    Whole generation: (Σ new_m / Σ total_m) / (Σ new_b / Σ total_b); decode only: the same with
-    decode tokens and decode seconds. The CI resamples the matched keys with replacement
+    Whole generation, over equal work: Σ total_b / Σ total_m, each of `records`' times projected to
+    the baseline's token count where the lengths differ (`equal_work_seconds`; with equal lengths
+    this is (Σ new_m / Σ total_m) / (Σ new_b / Σ total_b)); decode only: the ratio of decode rates. The CI resamples the matched keys with replacement
     (`resamples` times, numpy default_rng(seed)) and takes the 2.5th/97.5th percentiles; it is
     None with fewer than two matched keys.
     """
@@ -112,19 +139,32 @@ def speedup(
         "decode_speedup": None,
         "decode_speedup_ci_low": None,
         "decode_speedup_ci_high": None,
+        "measured_speedup": None,
+        "length_gap": None,
+        "projected_keys": 0,
     }
     if not keys:
         return out
     m = np.stack([mine[k] for k in keys])
     b = np.stack([base[k] for k in keys])
-    out["speedup"] = _rate_ratio(m, b, 0, 1)
+    # Column 6: the seconds of the same work as the baseline's (equal lengths: the measured ones);
+    # the baseline's own tokens and seconds make the rate ratio a ratio of seconds.
+    m = np.column_stack([m, equal_work_seconds(m, b)])
+    work = np.column_stack([b[:, 0], b[:, 1]])
+    out["measured_speedup"] = _rate_ratio(m, b, 0, 1)
+    out["speedup"] = _rate_ratio(np.column_stack([b[:, 0], m[:, 6]]), work, 0, 1)
     out["decode_speedup"] = _rate_ratio(m, b, 2, 3)
+    out["length_gap"] = ratio(float(np.abs(m[:, 0] - b[:, 0]).sum()), float(b[:, 0].sum()))
+    out["projected_keys"] = int((m[:, 0] != b[:, 0]).sum())
     if len(keys) >= 2 and resamples > 0:
         index = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
-        for name, tok, sec in (("speedup", 0, 1), ("decode_speedup", 2, 3)):
+        for name, mine_rows, base_rows, tok, sec in (
+            ("speedup", np.column_stack([b[:, 0], m[:, 6]]), work, 0, 1),
+            ("decode_speedup", m, b, 2, 3),
+        ):
             if out[name] is None:
                 continue
-            ci = _bootstrap(m, b, tok, sec, index)
+            ci = _bootstrap(mine_rows, base_rows, tok, sec, index)
             if ci is not None:
                 out[f"{name}_ci_low"], out[f"{name}_ci_high"] = ci
     return out

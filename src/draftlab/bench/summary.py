@@ -55,7 +55,13 @@ def add_vs_best_plain(
         if not is_speculative(m.get("method")) and m.get("tokens_per_s") is not None
     ]
     for m in group.values():
-        m.update(best_plain=None, vs_best_ar=None, vs_best_ar_ci_low=None, vs_best_ar_ci_high=None)
+        m.update(
+            best_plain=None,
+            vs_best_ar=None,
+            vs_best_ar_ci_low=None,
+            vs_best_ar_ci_high=None,
+            vs_best_ar_length_gap=None,
+        )
     if not plain:
         return
     best = max(plain, key=lambda label: group[label]["tokens_per_s"])
@@ -71,6 +77,7 @@ def add_vs_best_plain(
             vs_best_ar=s["speedup"],
             vs_best_ar_ci_low=s["speedup_ci_low"],
             vs_best_ar_ci_high=s["speedup_ci_high"],
+            vs_best_ar_length_gap=0.0 if label == best else s["length_gap"],
         )
 
 

@@ -43,6 +43,8 @@ _ROW_FIELDS = (
     "speedup_ci_low",
     "speedup_ci_high",
     "decode_speedup",
+    "measured_speedup",
+    "length_gap",
     "acceptance_rate",
     "alpha_hat",
     "mean_accepted_length",

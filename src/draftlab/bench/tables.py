@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from draftlab.bench.formatting import fmt, fmt_ci, fmt_greedy, fmt_pct, fmt_rate, fmt_speedup, fmt_vs_best
+from draftlab.bench.formatting import (
+    EQUAL_WORK_NOTE,
+    UNEQUAL,
+    fmt,
+    fmt_ci,
+    fmt_greedy,
+    fmt_pct,
+    fmt_rate,
+    fmt_speedup,
+    fmt_vs_best,
+    unequal,
+)
 from draftlab.bench.table_data import TableData
 
 METRIC_HEADERS = (
@@ -45,9 +56,16 @@ def _metric_cells(m: dict) -> list[str]:
     ]
 
 
+def _unequal_note(groups: Iterable[dict]) -> str:
+    """The equal-work note where any figure of these metric groups is marked."""
+    marked = any(unequal(m) or unequal(m, "vs_best_ar_length_gap") for m in groups)
+    return EQUAL_WORK_NOTE if marked else ""
+
+
 def overall_table(summary: dict) -> TableData:
     rows = [[label, *_metric_cells(summary["overall"][label])] for label in summary["labels"]]
-    return TableData("Overall", ["label", *METRIC_HEADERS], rows)
+    note = _unequal_note(summary["overall"].values())
+    return TableData("Overall", ["label", *METRIC_HEADERS], rows, note)
 
 
 def best_label(group: dict[str, dict], labels: Iterable[str] | None = None) -> str | None:
@@ -73,7 +91,8 @@ def subtask_table(summary: dict) -> TableData:
             if label == best:
                 bold |= {(len(rows), column) for column in highlight}
             rows.append([subtask, label, *_metric_cells(m)])
-    return TableData("Per subtask", headers, rows, bold=bold)
+    note = _unequal_note(m for group in summary["subtasks"].values() for m in group.values())
+    return TableData("Per subtask", headers, rows, note, bold=bold)
 
 
 def subtask_grid(summary: dict) -> TableData:
@@ -91,12 +110,17 @@ def subtask_grid(summary: dict) -> TableData:
         if best is not None:
             bold.add((summary["labels"].index(best), column))
     note = "speed-up over the fastest plain decoding of each column (vs best ar); bold: the fastest there"
+    groups = [m for _, group in columns for m in group.values()]
+    if _unequal_note(groups):
+        note += "; " + EQUAL_WORK_NOTE
     return TableData("Per subtask at a glance", ["label", *(name for name, _ in columns)], rows, note, bold)
 
 
 def _vs_best_ar(m: dict) -> str:
     value = m.get("vs_best_ar")
-    return "-" if value is None else f"{value:.2f}×"
+    if value is None:
+        return "-"
+    return f"{value:.2f}×" + (UNEQUAL if unequal(m, "vs_best_ar_length_gap") else "")
 
 
 def timing_table(summary: dict) -> TableData:

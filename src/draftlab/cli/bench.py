@@ -54,6 +54,7 @@ from draftlab.decode.build import check_fits
 from draftlab.decode.spec import DecoderConfig, method_names, method_spec
 from draftlab.errors import DraftlabError
 from draftlab.hardware import fingerprint_key, hardware, peak_rss_mb
+from draftlab.models import exact
 from draftlab.models.bandwidth import cached_bandwidth, weight_bytes
 from draftlab.models.cache import local_dir, packaged_problem
 from draftlab.models.loading import DTYPES, LoadedModel, candidate_dtypes
@@ -207,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         extra["compile"] = args.compile_choice.record()
         if not args.quiet:
             Console(stderr=True).print(f"[dim]compiled passes: {args.compile_choice.why}[/]")
+    if any(v.config.exact for v in variants):
+        extra["exact"] = {v.label: exact.record(v.decoder.target) for v in variants if v.config.exact}
+        if not any(v.config.compile for v in variants):
+            warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
     if any(v.config.compile for v in variants):
         before = peak_rss_mb()
         warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
@@ -264,7 +269,8 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
         if id(second) not in costs:
             cost = cost_model(args, target, second)
             # With --dtype auto, cost-aware methods run each generation in the dtype predicted fastest for it.
-            routed = (args.target_dtype or args.dtype) == "auto"
+            # Not in exact mode: its plain decoding is the baseline in the one dtype it ran.
+            routed = (args.target_dtype or args.dtype) == "auto" and not args.exact
             routes = [(o, cost_model(args, o, second)) for o in others] if routed else []
             costs[id(second)] = (cost, routes)
         return costs[id(second)]
@@ -309,7 +315,19 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
             cost = cost_model(args, target, priced_with, compiled=True) if config.adaptive else None
             params = variant_params(args, config)
             variants.append(Variant(f"{m} compiled", config, target, second, sampling, params, cost))
+    if args.exact:
+        # What exactness costs: plain decoding as it runs without exact mode, beside the exact one.
+        fast = dataclasses.replace(configs["ar"], exact=False)
+        if choice.eager:
+            variants.append(Variant(FAST_AR, fast, target, None, sampling, variant_params(args, fast)))
+        if choice.compiled:
+            fast = dataclasses.replace(fast, compile=True)
+            params = variant_params(args, fast)
+            variants.append(Variant(f"{FAST_AR} compiled", fast, target, None, sampling, params))
     return variants
+
+
+FAST_AR = "ar not exact"
 
 
 def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:

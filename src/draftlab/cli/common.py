@@ -8,7 +8,7 @@ import math
 from rich.console import Console
 
 from draftlab.decode.cost import CostModel
-from draftlab.decode.spec import DEFAULTS, DecoderConfig
+from draftlab.decode.spec import DEFAULTS, REGISTRY, DecoderConfig
 from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.models.compiled import compiled_steps
@@ -146,6 +146,13 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )
     g.add_argument(
+        "--exact",
+        action="store_true",
+        help="our own loop's methods score every position bit for bit as plain decoding does, in every "
+        "dtype: each target pass over a static cache, padded to one width measured on this CPU (greedy "
+        "output then equals plain decoding's token for token; costs what the padding costs)",
+    )
+    g.add_argument(
         "--draft-confidence",
         "--assistant-confidence",
         dest="draft_confidence",
@@ -195,6 +202,8 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         fixed_k=args.fixed_k,
         tree_width=args.tree_width,
         tree_budget=args.tree_budget,
+        # Exact mode is our own loop's: other engines' methods run as they are.
+        exact=args.exact and REGISTRY[method].compilable if method in REGISTRY else args.exact,
     )
 
 

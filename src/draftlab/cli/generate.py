@@ -27,6 +27,7 @@ from draftlab.decode.build import build_decoder, check_fits, compiled_passes, wa
 from draftlab.decode.spec import method_names
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
+from draftlab.models import exact
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
@@ -56,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = decode_utf8(sys.stdin.buffer.read(), "standard input") if args.prompt == "-" else args.prompt
     if prompt is None or not prompt.strip():
         raise DraftlabError("empty prompt")
-    config = dataclasses.replace(decoder_config(args, args.method), compile=args.compile)
+    config = dataclasses.replace(decoder_config(args, args.method), compile=args.compile, exact=args.exact)
     params = sampling_from(args)
     llamacpp = args.engine == "llamacpp"
+    if llamacpp and args.exact:
+        raise DraftlabError("--exact is for the hf engine (our own passes); llama.cpp runs its own kernels")
     if llamacpp and args.compile:
         raise DraftlabError(
             "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     cost = cost_model(args, target, second, compiled=config.compile) if config.adaptive else None
     decoder = build_decoder(config, target, draft, cost)
     compiled = None
-    if config.compile:
+    if config.compile or config.exact:
         # Untimed: every pass this method takes over this prompt's static cache compiles first.
         with progress_bar("[bold]compile[/]", console=Console(stderr=True)) as progress:
             task = progress.add_task("", total=len(compiled_passes(config)))
@@ -91,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
                 progress.update(task, advance=1, description=f"cache {length} · {size}-token pass")
 
             warm_compiled_passes(decoder, len(ids) + args.max_new_tokens + RESERVE, config, on_pass)
-        compiled = compile_seconds(target)
-        seconds = ", ".join(
-            f"{c['seconds']:.1f} s ({c['package']}, {n}-token cache)" for n, c in compiled.items()
-        )
-        Console(stderr=True).print(f"[dim]compiled passes ready in {seconds}[/]")
+        if config.compile:
+            compiled = compile_seconds(target)
+            seconds = ", ".join(
+                f"{c['seconds']:.1f} s ({c['package']}, {n}-token cache)" for n, c in compiled.items()
+            )
+            Console(stderr=True).print(f"[dim]compiled passes ready in {seconds}[/]")
+    if config.exact:
+        Console(stderr=True).print(f"[dim]{exact.describe(exact.record(decoder.target))}[/]")
     result = decoder.generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             "dtype": target.spec.dtype,
             "sizing": "cost-aware" if cost is not None else "fixed k",
             "compile_s": compiled,
+            "exact": exact.record(decoder.target) if config.exact else None,
             "temperature": params.temperature,
             "text": result.text,
             "tokens": result.tokens,

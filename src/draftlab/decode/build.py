@@ -22,8 +22,8 @@ from draftlab.verify.rules import SpeculativeRule
 
 
 def target_of(config: DecoderConfig, target: LoadedModel):
-    """The target behind its cache (a compiled package's static one with --compile)."""
-    return cached(target, use_cache=config.use_cache, compiled=config.compile)
+    """The target behind its cache (a compiled package's static one with --compile or --exact)."""
+    return cached(target, use_cache=config.use_cache, compiled=config.compile, exact=config.exact)
 
 
 def compiled_passes(config: DecoderConfig) -> tuple[int, ...]:
@@ -35,6 +35,10 @@ def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=No
     """Get every package a compiled decoder runs over the bucket that holds `needed` ready, untimed:
     the target's, and an EAGLE head's where it drafts (its passes: one token, a tree level)."""
     decoder.target.warm(needed, compiled_passes(config), on_pass)
+    width = getattr(decoder.target.compiled, "exact_width", None) if config.exact else None
+    sizer = getattr(decoder, "sizer", None)
+    if width is not None and sizer is not None:
+        sizer.cost.min_rows = width  # every pass costs at least a pass of that width
     head = getattr(getattr(decoder, "proposer", None), "draft", None)
     if getattr(head, "compiled", None) is not None:
         head.warm(needed, (1, min(config.tree_width, MAX_PASS)) if config.spec.tree else (1,))
@@ -42,8 +46,9 @@ def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=No
 
 def most_drafts(config: DecoderConfig, n: int) -> int:
     """Drafts per round: with --compile, no more than the longest compiled pass verifies (a longer
-    pass runs eagerly and cost 2-3x a compiled one on an AMD Zen5)."""
-    return min(n, MAX_PASS - 1) if config.compile else n
+    pass runs eagerly and cost 2-3x a compiled one on an AMD Zen5); with --exact, no more than the
+    longest pass whose rows were found exact."""
+    return min(n, MAX_PASS - 1) if config.compile or config.exact else n
 
 
 def round_sizer(
@@ -98,7 +103,7 @@ def tree_decoder(
     depth, sized_depth = most_drafts(config, depth), most_drafts(config, sized_depth)
     budget = config.tree_budget if config.tree_budget is None else most_drafts(config, config.tree_budget)
     if config.adaptive and cost is not None and budget is None:
-        max_nodes = MAX_PASS - 1 if config.compile else None
+        max_nodes = MAX_PASS - 1 if config.compile or config.exact else None
         sizer = TreeSizer(
             cost, sized_depth, config.tree_width, free_drafts=not config.needs_draft, max_nodes=max_nodes
         )

@@ -31,9 +31,11 @@ class CostModel:
     # A block drafter (DFlash-style) proposes its k tokens in one draft pass over the pending tokens
     # and k placeholders; a chain drafter (a draft model, an EAGLE head) in k sequential passes.
     block: bool = False
+    # Exact mode pads every pass to this many rows (models/exact.py): a shorter one costs as much.
+    min_rows: int = 1
 
     def verify_ms(self, n: int, context: int) -> float:
-        return self.target.forward_ms(n, context)
+        return self.target.forward_ms(max(n, self.min_rows), context)
 
     def draft_ms(self, k: int, context: int, pending: int = 2) -> float:
         """Drafting k tokens: k passes, the first catching up `pending` tokens the draft has not seen

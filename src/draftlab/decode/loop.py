@@ -5,7 +5,7 @@ plus the proposal in one forward pass, the acceptance rule keeps a prefix and (u
 adds the target's own next token, and both caches are cropped back to what was kept.
 The first round's target pass is the prefill itself: the prompt and the first proposal go
 through the target together, as in HF's assisted generation, so no pass is spent on the
-prompt alone.
+prompt alone (in exact mode, models/exact.py, the prompt goes alone, as plain decoding's does).
 With a proposer that suggests nothing, the same loop is plain autoregressive decoding,
 so the baseline and the methods share one code path.
 With a `RoundSizer`, each round's draft length comes from the machine's cost curve and the
@@ -55,7 +55,11 @@ class SpeculativeDecoder:
         self.tree_fallback: str | None = None
         if self.trees and not target.supports_trees():
             self.trees, self.tree_budget = False, None
-            self.tree_fallback = "the target cannot verify token trees (no 4D-mask support): chains"
+            self.tree_fallback = (
+                "exact mode: a token tree's pass does not score its branches bit for bit as chains here: chains"
+                if getattr(target, "exact", False) and target.compiled.exact_width is not None
+                else "the target cannot verify token trees (no 4D-mask support): chains"
+            )
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
 
@@ -96,6 +100,7 @@ class SpeculativeDecoder:
         t_first: float | None = None
 
         sizer = self.sizer
+        exact = getattr(target, "exact", False)
         shadow = Shadows()
         if sizer is not None:
             sizer.start()
@@ -109,7 +114,11 @@ class SpeculativeDecoder:
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
             t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
-            if paced:
+            if exact and t_first is None:
+                # Exact mode: the prompt goes through the target alone, as plain decoding's does, so
+                # its keys and its first token's logits are the same bits.
+                proposal, choice = Proposal(), None
+            elif paced:
                 proposal, choice = Proposal(), None
                 stats.paced_rounds += 1
             else:

@@ -69,6 +69,9 @@ class DecoderConfig:
     # The target's passes of up to 8 tokens through a compiled package over a static cache
     # (models/compiled.py): chains and token trees of our own loop.
     compile: bool = False
+    # Exact mode (models/exact.py): every target pass over a static cache, padded to one measured
+    # width, so each position scores bit for bit as in plain decoding's pass (in every dtype).
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in REGISTRY:
@@ -97,6 +100,12 @@ class DecoderConfig:
                 f"({REGISTRY[self.method].engine}'s own decoding)"
             )
 
+        if self.exact and not REGISTRY[self.method].compilable:
+            raise DraftlabError(
+                f"--exact runs the methods of draftlab's own loop, not '{self.method}' "
+                f"({REGISTRY[self.method].engine}'s own decoding)"
+            )
+
     @property
     def spec(self) -> MethodSpec:
         return REGISTRY[self.method]
@@ -121,6 +130,8 @@ class DecoderConfig:
             out["tree_budget"] = self.tree_budget
         if self.compile:
             out["compile"] = True
+        if self.exact:
+            out["exact"] = True
         return out
 
 

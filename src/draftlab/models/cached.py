@@ -19,6 +19,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
+from draftlab.models import exact
 from draftlab.models.compiled import (
     MAX_PASS,
     PASS_SIZES,
@@ -32,13 +33,20 @@ from draftlab.models.loading import LoadedModel
 
 
 class CachedModel:
-    def __init__(self, lm: LoadedModel, use_cache: bool = True, compiled: bool = False) -> None:
+    def __init__(
+        self, lm: LoadedModel, use_cache: bool = True, compiled: bool = False, exact: bool = False
+    ) -> None:
         self.lm = lm
         self.model = lm.model
         self.device = lm.device
         self.use_cache = use_cache
-        # Passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py).
-        self.compiled = compiled_steps(lm) if compiled else None
+        # Exact mode (models/exact.py): every pass over a static cache, padded to one measured width.
+        self.exact = exact
+        if exact and (not use_cache or lm.is_encoder_decoder):
+            raise DraftlabError("--exact needs a decoder-only target with its KV cache on")
+        # Passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py);
+        # in exact mode without --compile, the same passes run eagerly.
+        self.compiled = compiled_steps(lm, eager=not compiled) if compiled or exact else None
         if compiled and (not use_cache or lm.is_encoder_decoder):
             raise DraftlabError("--compile needs a decoder-only target with its KV cache on")
         self.forward_calls = 0
@@ -53,6 +61,8 @@ class CachedModel:
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
         if self.compiled is not None:
             self.compiled.masked = self.supports_trees()  # its packages then take trees' masks
+        if exact:
+            self._check_exact()
 
     @property
     def length(self) -> int:
@@ -92,6 +102,7 @@ class CachedModel:
         keep: int | None = None,
         tree: list[int] | None = None,
         features: tuple[int, ...] = (),
+        pad_to: int | None = None,
     ) -> torch.Tensor:
         """Logits [k, V] for the k new tokens, or for only the last `keep` of them.
 
@@ -108,6 +119,9 @@ class CachedModel:
 
         `features` names hidden-state layers (`output_hidden_states` indices) to keep for every new
         token, side by side in `self.features` [k, layers·H]: what an EAGLE head drafts from.
+
+        `pad_to`: a static-cache pass of fewer tokens runs as one of that many rows (exact mode's
+        width unless given).
         """
         start = len(self._tokens)
         self._tokens.extend(new_ids)
@@ -133,7 +147,9 @@ class CachedModel:
             kwargs["attention_mask"] = mask.to(self.device)
             kwargs["position_ids"] = positions.to(self.device)
         if self.compiled is not None:
-            out = self._static_forward(feed, kwargs)
+            if pad_to is None and self.exact:
+                pad_to = self.compiled.exact_width
+            out = self._static_forward(feed, kwargs, pad_to)
         elif self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
         else:
@@ -168,7 +184,7 @@ class CachedModel:
                 self.crop(0)
                 if on_pass:
                     on_pass(capacity(self._cache), size)
-            if self.compiled.pad_single is None:
+            if self.compiled.pad_single is None and not self.exact:
                 self._choose_padding()
         finally:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
@@ -190,7 +206,7 @@ class CachedModel:
         steps.single_ms = {k: round(v, 2) for k, v in medians.items()}
         steps.pad_single = pads(medians["one"], medians["padded"])
 
-    def _static_forward(self, feed: torch.Tensor, kwargs: dict):
+    def _static_forward(self, feed: torch.Tensor, kwargs: dict, pad_to: int | None = None):
         """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt.
         A token tree's mask spans the nodes fed so far; a static cache's attention spans its
         whole bucket, so the mask is widened to it (the slots past the tree masked)."""
@@ -204,7 +220,9 @@ class CachedModel:
             return self.model(input_ids=feed, **kwargs)
         # The package returns the hidden states whatever was asked: an EAGLE head's passes and
         # plain ones share it, and the compiled profile prices what both run.
-        out = self.compiled(self._cache, feed, kwargs.get("position_ids"), kwargs.get("attention_mask"))
+        out = self.compiled(
+            self._cache, feed, kwargs.get("position_ids"), kwargs.get("attention_mask"), pad_to=pad_to
+        )
         hidden = out.hidden_states if kwargs.get("output_hidden_states") else None
         return SimpleNamespace(logits=out.logits, hidden_states=hidden)
 
@@ -231,12 +249,35 @@ class CachedModel:
         """Whether a tree pass scores each branch as that branch alone would be (checked once).
 
         Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
-        custom 4D mask fail this, and tree methods then fall back to chains.
+        custom 4D mask fail this, and tree methods then fall back to chains. In exact mode a tree
+        must score them bit for bit as the chain does (models/exact.py).
         """
         ok = _TREE_SUPPORT.get(self.model)
         if ok is None:
             ok = _TREE_SUPPORT[self.model] = self._check_trees()
+        if self.exact and self.compiled.exact_checked:
+            return ok and self.compiled.exact_trees
         return ok
+
+    def _check_exact(self) -> None:
+        """Measure exact mode's width for this model's passes once (untimed: a few seconds, after the
+        compiled package is ready); a one-line error where no width makes them exact."""
+        steps = self.compiled
+        if not steps.exact_checked:
+            saved = (self._tokens, self._cache, self._tree, self.forward_calls)
+            try:
+                self._cache = steps.new_cache(exact.PREFIX + exact.PROBE + RESERVE)
+                steps.exact_width = exact.choose_width(self)
+                if steps.exact_width is not None and steps.masked:
+                    steps.exact_trees = exact.trees_exact(self, steps.exact_width)
+            finally:
+                self._tokens, self._cache, self._tree, self.forward_calls = saved
+            steps.exact_checked = True
+        if steps.exact_width is None:
+            raise DraftlabError(
+                f"--exact: no pass width up to {MAX_PASS} makes '{self.lm.spec.name}' ({self.lm.spec.dtype}) "
+                "score a pass of several tokens as one-token passes on this CPU; run without --exact"
+            )
 
     def _check_trees(self) -> bool:
         """A tree pass must score each branch as a chain pass over that branch does, up to rounding.
@@ -304,16 +345,18 @@ def crop_sequence(tokens: list[int], cache, length: int) -> bool:
     return True
 
 
-def cached(lm, use_cache: bool = True, compiled: bool = False):
+def cached(lm, use_cache: bool = True, compiled: bool = False, exact: bool = False):
     """The cache-aware model the decode loop drives: a `CachedModel` for a transformers model, or
     the model's own (llama.cpp's) when it brings one, with the same start / forward / crop."""
     own = getattr(lm, "cached_model", None)
     if own is None:
-        return CachedModel(lm, use_cache, compiled)
+        return CachedModel(lm, use_cache, compiled, exact)
     if compiled:
         raise DraftlabError(
             "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
         )
+    if exact:
+        raise DraftlabError("--exact is for the hf engine (our own passes); llama.cpp runs its own kernels")
     return own(use_cache)
 
 

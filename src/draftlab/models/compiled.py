@@ -166,6 +166,14 @@ class CompiledSteps:
     single_ms: dict[str, float] = field(default_factory=dict)
     caches: dict[int, StaticCache] = field(default_factory=dict)
     runners: dict[int, object] = field(default_factory=dict)
+    # Static-cache passes run by the exported module itself, uncompiled (exact mode without
+    # --compile: a static cache's passes attend over the same bucket whatever their length).
+    eager: bool = False
+    # Exact mode (models/exact.py), measured once per model: the pass width under which passes of
+    # every length score as one-token ones (None: none is), and whether token trees do too.
+    exact_width: int | None = None
+    exact_trees: bool = False
+    exact_checked: bool = False
 
     @property
     def model(self) -> torch.nn.Module:
@@ -219,18 +227,16 @@ class CompiledSteps:
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        pad_to: int | None = None,
     ) -> SimpleNamespace:
         """A pass of up to MAX_PASS tokens; the cache's layers must hold keys already (a prompt
-        ran eagerly over it first). Without `positions` and `mask`, a chain's."""
-        if input_ids.shape[1] == 1 and positions is None and self.pad_single:
-            # The copy sits after the token, so the token's own logits and features cannot see it;
-            # its slot is given back at once.
-            out = self(cache, input_ids.repeat(1, 2))
-            for layer in cache.layers:
-                layer.cumulative_length.sub_(1)
-            return SimpleNamespace(
-                logits=out.logits[:, :1], hidden_states=tuple(h[:, :1] for h in out.hidden_states)
-            )
+        ran eagerly over it first). Without `positions` and `mask`, a chain's. `pad_to`: a shorter
+        pass runs as one of that many rows (exact mode, models/exact.py)."""
+        n = input_ids.shape[1]
+        if pad_to is None:  # exact mode gives its own; else a one-token pass runs as two where faster
+            pad_to = 2 if n == 1 and positions is None and self.pad_single else 1
+        if n < pad_to:
+            return self._padded(cache, input_ids, positions, mask, pad_to)
         runner = self.runner(cache)
         out = runner(
             input_ids, *_cache_args(cache), *self._mask_args(cache, input_ids.shape[1], positions, mask)
@@ -238,9 +244,31 @@ class CompiledSteps:
         self.calls += 1
         return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
 
+    def _padded(self, cache, input_ids, positions, mask, rows: int) -> SimpleNamespace:
+        """The pass as one of `rows` rows: the last token repeated after the real ones, as a chain
+        (each copy sees every earlier slot), so no real row can see a copy; their slots are given
+        back at once."""
+        n = input_ids.shape[1]
+        chain_positions, chain_mask = chain_inputs(cache, rows, self.model.dtype)
+        if positions is not None and mask is not None:
+            positions = torch.cat([positions, chain_positions[:, n:]], dim=1)
+            mask = torch.cat([mask, chain_mask[:, :, n:]], dim=2)
+        elif self.masked:
+            positions, mask = chain_positions, chain_mask
+        ids = torch.cat([input_ids, input_ids[:, -1:].repeat(1, rows - n)], dim=1)
+        out = self(cache, ids, positions, mask)
+        for layer in cache.layers:
+            layer.cumulative_length.sub_(rows - n)
+        return SimpleNamespace(
+            logits=out.logits[:, :n], hidden_states=tuple(h[:, :n] for h in out.hidden_states)
+        )
+
     def runner(self, cache: StaticCache):
         length = capacity(cache)
         runner = self.runners.get(length)
+        if runner is None and self.eager:
+            keep_longest(self.runners, self.caches, length)
+            runner = self.runners[length] = StaticStep(self.model, length)
         if runner is None:
             t0 = time.perf_counter()
             path = package_path(self.lm, length, self.masked)
@@ -416,8 +444,14 @@ def capacity(cache: StaticCache) -> int:
     return cache.layers[0].max_cache_len
 
 
-def compiled_steps(lm: LoadedModel) -> CompiledSteps:
-    """The model's `CompiledSteps`, made once per model object."""
+def compiled_steps(lm: LoadedModel, eager: bool = False) -> CompiledSteps:
+    """The model's `CompiledSteps`, made once per model object (`eager`: its uncompiled static-cache
+    passes, a second object)."""
+    if eager:
+        steps = getattr(lm.model, "_draftlab_static_steps", None)
+        if steps is None:
+            steps = lm.model._draftlab_static_steps = CompiledSteps(lm, eager=True)
+        return steps
     if lm.device.type != "cpu":
         # On an H100 (torch 2.11+cu130) every CUDA package built here crashed the process as it
         # loaded, with freezing and autotuning on or off (docs/engines.md): refuse before building.
