@@ -4,8 +4,8 @@ and dtype on the same input.
 A routed method decodes each prompt in the dtype predicted fastest for it, and bfloat16's passes of
 several tokens round unlike its one-token passes, so its tokens set against `ar` in another dtype
 tell rounding apart from a bug no better than chance. The reference is a plain decoding in the
-record's own dtype (`ar`, `ar bfloat16`, or `ar routed` where it chose that dtype); where none ran,
-nothing is claimed. The agreement with the baseline, whatever its dtype, stays in
+record's own dtype, compiled or eager, exact or not as the record (`ar`, `ar bfloat16`, `ar
+compiled`, or `ar routed` where it chose that dtype); where none ran, nothing is claimed. The agreement with the baseline, whatever its dtype, stays in
 `Record.greedy_match` and is reported as its own column.
 """
 
@@ -18,8 +18,10 @@ from draftlab.bench.records import Record
 
 
 def _where(r: Record) -> tuple:
-    """What makes two generations comparable token for token: engine, storage, dtype and input."""
-    return (r.params.get("engine", "hf"), r.dtype, r.example_id, r.turn, r.repeat)
+    """What makes two generations comparable token for token: engine, storage, dtype, how the
+    passes ran (compiled packages round unlike eager kernels; exact mode unlike either) and input."""
+    how = (bool(r.params.get("compile")), bool(r.params.get("exact")))
+    return (r.params.get("engine", "hf"), r.dtype, *how, r.example_id, r.turn, r.repeat)
 
 
 def with_plain_matches(records: Sequence[Record]) -> list[Record]:

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if llama:
         more, extra["llamacpp"] = llamacpp_variants(
-            args, {m: configs[m] for m in llama}, target, draft, sampling
+            args, {m: not_exact(configs[m]) for m in llama}, target, draft, sampling
         )
         variants += more
         baselines.update({v.label: "ar" + LLAMACPP_SUFFIX for v in more})
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             extra["engines"] = [*engines, "llamacpp"]
     server = None
     if "llama-server" in engines:
-        server_configs = {m: configs[m] for m in chosen["llama-server"]}
+        server_configs = {m: not_exact(configs[m]) for m in chosen["llama-server"]}
         subtasks = list(dict.fromkeys(e.subtask for e in examples))
         held_out = held_out_examples(args, examples, CALIBRATION_PER_SUBTASK)
         more, made = server_variants(args, server_configs, target, draft, sampling, subtasks, held_out)
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         dtype = vllm_dtype(args, target, hf)
         more, pool = vllm_variants(
             args,
-            {m: configs[m] for m in chosen["vllm"]},
+            {m: not_exact(configs[m]) for m in chosen["vllm"]},
             target,
             draft,
             sampling,
@@ -328,6 +328,11 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
 
 
 FAST_AR = "ar not exact"
+
+
+def not_exact(config: DecoderConfig) -> DecoderConfig:
+    """Another engine's method runs as that engine runs it: exact mode is our own loop's passes."""
+    return dataclasses.replace(config, exact=False)
 
 
 def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:

@@ -56,8 +56,9 @@ class SpeculativeDecoder:
         if self.trees and not target.supports_trees():
             self.trees, self.tree_budget = False, None
             self.tree_fallback = (
-                "exact mode: a token tree's pass does not score its branches bit for bit as chains here: chains"
-                if getattr(target, "exact", False) and target.compiled.exact_width is not None
+                "exact mode: a tree's nodes sit in other cache slots than their chain's, so its pass "
+                "cannot score them bit for bit: its best chain"
+                if getattr(target, "exact", False)
                 else "the target cannot verify token trees (no 4D-mask support): chains"
             )
         self.tokenizer = target.lm.tokenizer

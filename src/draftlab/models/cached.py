@@ -60,7 +60,7 @@ class CachedModel:
         self._tree: TreeArea | None = None  # the token tree being fed, if any
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
         if self.compiled is not None:
-            self.compiled.masked = self.supports_trees()  # its packages then take trees' masks
+            self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
         if exact:
             self._check_exact()
 
@@ -249,14 +249,15 @@ class CachedModel:
         """Whether a tree pass scores each branch as that branch alone would be (checked once).
 
         Models whose positions come from the 2D mask (Bloom's ALiBi) or whose attention ignores a
-        custom 4D mask fail this, and tree methods then fall back to chains. In exact mode a tree
-        must score them bit for bit as the chain does (models/exact.py).
+        custom 4D mask fail this, and tree methods then fall back to chains. So do they in exact
+        mode: a tree's nodes sit in other cache slots than their chain's (models/exact.py).
         """
+        return self._takes_tree_masks() and not self.exact
+
+    def _takes_tree_masks(self) -> bool:
         ok = _TREE_SUPPORT.get(self.model)
         if ok is None:
             ok = _TREE_SUPPORT[self.model] = self._check_trees()
-        if self.exact and self.compiled.exact_checked:
-            return ok and self.compiled.exact_trees
         return ok
 
     def _check_exact(self) -> None:
@@ -268,8 +269,6 @@ class CachedModel:
             try:
                 self._cache = steps.new_cache(exact.PREFIX + exact.PROBE + RESERVE)
                 steps.exact_width = exact.choose_width(self)
-                if steps.exact_width is not None and steps.masked:
-                    steps.exact_trees = exact.trees_exact(self, steps.exact_width)
             finally:
                 self._tokens, self._cache, self._tree, self.forward_calls = saved
             steps.exact_checked = True

@@ -170,9 +170,8 @@ class CompiledSteps:
     # --compile: a static cache's passes attend over the same bucket whatever their length).
     eager: bool = False
     # Exact mode (models/exact.py), measured once per model: the pass width under which passes of
-    # every length score as one-token ones (None: none is), and whether token trees do too.
+    # every length score as one-token ones (None: none is).
     exact_width: int | None = None
-    exact_trees: bool = False
     exact_checked: bool = False
 
     @property
