@@ -196,6 +196,16 @@ def test_judgement_and_verdict():
     assert broken.judge(0.001) == "NOT lossless" and "1 thread too" in broken.reasons[0]
     resampled = MethodAudit("x", True, 1, 1, [], [{"prefix": 1, "p_value": 1e-9, "one_thread_p_value": 1e-8}])
     assert resampled.judge(0.001) == "NOT lossless"
+    # The largest logit gap at a flipped token is named; in exact mode no difference is rounding.
+    gaps = MethodAudit("sps", True, 3, 1, [{**tie, "logit_gap": 0.02}, {**tie, "logit_gap": 0.1}])
+    assert (
+        gaps.judge(0.001) == "lossless (float32)"
+        and "largest logit gap at a flipped token 0.1" in gaps.reasons[0]
+    )
+    exact = MethodAudit("sps", True, 2, 1, [tie], exact_prompts=2, exact_identical=1, exact_divergences=[tie])
+    assert exact.judge(0.001) == "NOT lossless" and exact.reasons[0].startswith(
+        "exact mode (prompt 1 token 4"
+    )
     line = verdict([rounding, defect, lossy], {"shown": False})
     assert line.startswith("audit: NOT lossless: pld (greedy (prompt 1 token 4: 'a' vs 'b', float32 too))")
     assert "; lossless: sps; lossy by design: bild; WARNING: the sampling check lacked power" in line
@@ -208,3 +218,21 @@ def test_default_pair_greedy(capsys, tmp_path):
     argv = ["audit", "--dtype", "float32", "--fixed-k", "--prompts", str(prompts), "--quiet"]
     assert main([*argv, "--max-new-tokens", "12", "--samples", "0"]) == 0
     assert last_line(capsys) == "audit: lossless: sps, sps-tree, pld, pld-tree, hybrid, suffix"
+
+
+def test_the_audit_reruns_our_methods_in_exact_mode(pair, capsys, monkeypatch, tmp_path):
+    """In bfloat16 each lossless method of our loop runs again in exact mode, where it must write
+    `ar`'s tokens (exact mode's own) bit for bit; a broken rule differs there too, and fails."""
+    inject(monkeypatch, "broken-greedy", AcceptEveryDraftRule())
+    out = tmp_path / "audit.json"
+    methods = "sps,pld,pld-tree,broken-greedy"
+    code = audit(pair, "--methods", methods, "--samples", "0", "--dtype", "bfloat16", "--json", str(out))
+    assert code == 1
+    result = json.loads(out.read_text())
+    for method in ("sps", "pld", "pld-tree"):
+        m = result["methods"][method]
+        assert m["exact_mode"]["prompts"] == 2 and m["exact_mode"]["identical"] == 2, m["exact_mode"]
+        assert m["status"].startswith("lossless"), m
+    broken = result["methods"]["broken-greedy"]
+    assert broken["exact_mode"]["identical"] < broken["exact_mode"]["prompts"] == 2
+    assert any(r.startswith("exact mode (prompt") for r in broken["reasons"])

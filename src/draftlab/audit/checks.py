@@ -126,6 +126,10 @@ class MethodAudit:
     sampling: list[dict] = field(default_factory=list)  # one per prefix
     status: str = ""
     reasons: list[str] = field(default_factory=list)
+    # The same greedy check in exact mode (models/exact.py), where any difference is a defect.
+    exact_prompts: int = 0
+    exact_identical: int = 0
+    exact_divergences: list[dict] = field(default_factory=list)
 
     def judge(self, alpha_per_test: float) -> str:
         """lossless | lossless (float32) | lossless (1 thread) | NOT lossless | lossy by design."""
@@ -140,6 +144,10 @@ class MethodAudit:
             if key is not None and d[key] == "diverges":
                 where += f", {name} too"
             defects.append(f"greedy ({where})")
+        for d in self.exact_divergences:
+            defects.append(
+                f"exact mode (prompt {d['prompt']} token {d['position']}: {d['ar_text']!r} vs {d['method_text']!r})"
+            )
         for s in self.sampling:
             if s["p_value"] >= alpha_per_test:
                 continue
@@ -158,7 +166,9 @@ class MethodAudit:
         elif rounding:
             key = kinds[0]
             self.status = f"lossless ({dict(RECHECKS)[key]})"
-            self.reasons = [f"{rounding} {ROUNDING[key]}"]
+            gaps = [d["logit_gap"] for d in self.divergences if d.get("logit_gap") is not None]
+            largest = f" (largest logit gap at a flipped token {max(gaps):.3g})" if gaps else ""
+            self.reasons = [f"{rounding} {ROUNDING[key]}{largest}"]
         else:
             self.status = "lossless"
             self.reasons = []
@@ -172,6 +182,11 @@ class MethodAudit:
                 "prompts": self.greedy_prompts,
                 "identical": self.greedy_identical,
                 "divergences": self.divergences,
+            },
+            "exact_mode": {
+                "prompts": self.exact_prompts,
+                "identical": self.exact_identical,
+                "divergences": self.exact_divergences,
             },
             "sampling": self.sampling,
             "status": self.status,

@@ -19,11 +19,12 @@ import transformers
 
 from draftlab.audit.checks import WRONG_RULE, first_divergence
 from draftlab.audit.law import ResampleFromTargetRule, reuse_prefix, sample_pairs, two_token_law
-from draftlab.decode.build import build_decoder
+from draftlab.decode.build import build_decoder, warm_compiled_passes
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DecoderConfig
 from draftlab.engines.llamacpp.model import OWN_STORAGE
 from draftlab.models.cached import cached
+from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import LoadedModel, ModelSpec
 from draftlab.sampling import SamplingParams
 from draftlab.verify.rules import SpeculativeRule
@@ -149,6 +150,41 @@ class Audit:
                 if recheck and audit.lossless_claim:
                     record[recheck] = self.recheck(audit.method, i, ids, target, draft)
                 audit.divergences.append(record)
+
+    def exact_greedy(self, audits, target, draft, cost, prompts) -> None:
+        """Every lossless method of our own loop and `ar` again in exact mode (models/exact.py), where
+        a pass of several tokens scores each position as one-token passes do: any difference left
+        there is not rounding. Skipped on other engines and when the audit already ran exact."""
+        config_of = self.parts.config_of
+        chosen = [a for a in audits if a.lossless_claim and config_of(a.method).spec.compilable]
+        if target.engine != "hf" or target.is_encoder_decoder or not chosen or config_of("ar").exact:
+            return
+        args = self.args
+        # One static-cache bucket for every generation: a generation that grew into another would
+        # attend over other slots from there on (models/exact.py).
+        need = max(len(ids) for ids in prompts) + args.max_new_tokens + RESERVE
+        decoders = {}
+        # A copy: exact mode prices every pass at its padded width, which the other checks do not pad.
+        cost = dataclasses.replace(cost) if cost is not None else None
+        for method in ["ar", *(a.method for a in chosen)]:
+            config = dataclasses.replace(config_of(method), exact=True)
+            decoders[method] = build_decoder(config, target, draft, cost if config.adaptive else None)
+            warm_compiled_passes(decoders[method], need, config)
+        self.bar.add(len(prompts) * len(decoders))
+        for i, ids in enumerate(prompts):
+            self.bar.say(f"exact mode · prompt {i + 1}/{len(prompts)} · ar")
+            ar = decoders["ar"].generate(ids, args.max_new_tokens, GREEDY).tokens
+            self.bar.step()
+            for audit in chosen:
+                self.bar.say(f"exact mode · prompt {i + 1}/{len(prompts)} · {audit.method}")
+                tokens = decoders[audit.method].generate(ids, args.max_new_tokens, GREEDY).tokens
+                self.bar.step()
+                audit.exact_prompts += 1
+                at = first_divergence(ar, tokens)
+                if at is None:
+                    audit.exact_identical += 1
+                else:
+                    audit.exact_divergences.append(divergence(target, i, ids, ar, tokens, at, "float32"))
 
     def recheck(self, method: str, i: int, ids: list[int], target, draft) -> str:
         args = self.args

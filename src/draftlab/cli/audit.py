@@ -194,6 +194,7 @@ def _run(args: argparse.Namespace) -> int:
     with bar.progress:
         t0 = time.perf_counter()
         audit.greedy(audits, target, draft, cost, prompts)
+        audit.exact_greedy(audits, target, draft, cost, prompts)
         greedy_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         power = audit.sampling(audits, target, draft, prefixes, alpha_per_test) if prefixes else None
@@ -244,7 +245,7 @@ def _finish(args: argparse.Namespace, result: dict, audits, power, prefixes) -> 
     print_report(console, result, audits, power, prefixes)
     if args.json_path:
         write_text(args.json_path, json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
-    console.print(result["verdict"], markup=False, highlight=False)
+    console.print(result["verdict"], markup=False, highlight=False, soft_wrap=True)  # one line, for scripts
     return 1 if result["not_lossless"] else 0
 
 
