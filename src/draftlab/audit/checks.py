@@ -167,7 +167,7 @@ class MethodAudit:
             key = kinds[0]
             self.status = f"lossless ({dict(RECHECKS)[key]})"
             gaps = [d["logit_gap"] for d in self.divergences if d.get("logit_gap") is not None]
-            largest = f" (largest logit gap at a flipped token {max(gaps):.3g})" if gaps else ""
+            largest = f" (largest logit gap at a flipped token {max(gaps, key=abs):.3g})" if gaps else ""
             self.reasons = [f"{rounding} {ROUNDING[key]}{largest}"]
         else:
             self.status = "lossless"
