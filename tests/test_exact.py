@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import check_error, noisy_copy
+from tiny import FAMILIES
 
 from draftlab.decode.build import build_decoder, warm_compiled_passes
 from draftlab.decode.cost import CostModel
@@ -125,3 +126,18 @@ def test_exact_is_refused_where_it_cannot_mean_anything(capsys):
     with pytest.raises(DraftlabError, match="--exact runs the methods of draftlab's own loop"):
         DecoderConfig(method="hf-assisted", exact=True)
     check_error(capsys, ["generate", "--engine", "llamacpp", "--exact", "--method", "ar", "hi"], "--exact")
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "t5"])
+def test_exact_mode_on_every_decoder_only_family_in_bfloat16(family, tiny_pair):
+    target, draft = (_bf16(path) for path in tiny_pair[family])
+    ids = encode_prompt(target, "the cat sat on the mat and then the dog ran", chat=False)
+    ar = _generate("ar", target, draft, ids, n=60)
+    for method in ("sps", "pld", "pld-tree"):
+        out = _generate(method, target, draft, ids, n=60)
+        assert out.tokens == ar.tokens, f"{family} {method}: not plain decoding's tokens"
+
+
+def test_exact_mode_refuses_an_encoder_decoder_target(tiny_pair):
+    with pytest.raises(DraftlabError, match="--exact needs a decoder-only target"):
+        CachedModel(_bf16(tiny_pair["t5"][0]), exact=True)
