@@ -127,8 +127,8 @@ def test_per_key_sums_repeated_keys():
         ]
     )
     assert set(out) == {("e1", 0, 0), ("x", 0, 0)}
-    # new tokens, total s, decode tokens, decode s, prefill s, first tokens
-    assert out[("e1", 0, 0)].tolist() == [10.0, 3.0, 3 + 5, 2.0, 0.2, 2.0]
+    # new tokens, total s, decode tokens, decode s, prefill s, first tokens, records
+    assert out[("e1", 0, 0)].tolist() == [10.0, 3.0, 3 + 5, 2.0, 0.2, 2.0, 2.0]
 
 
 def test_speedup_matches_keys_and_divides_rates():
@@ -747,7 +747,7 @@ def test_temperature_sweep_compares_with_the_baseline_at_the_same_temperature():
         rec("ar", example_id="a", temperature=1.0, total_s=2.0),
         rec("sps", example_id="a", temperature=0.0, total_s=0.5),
         rec("sps", example_id="a", temperature=1.0, total_s=0.5),
-        rec("sps", example_id="a", temperature=0.5, total_s=0.5),  # no baseline at 0.5: all of it
+        rec("sps", example_id="a", temperature=0.5, total_s=0.5, decode_s=0.4),  # no baseline at 0.5: all
     ]
     rows = sweep_of(records)["temperature"]
     got = {(r["label"], r["temperature"]): r for r in rows}
@@ -761,10 +761,10 @@ def test_temperature_sweep_compares_with_the_baseline_at_the_same_temperature():
     assert got[("ar", 1.0)]["speedup"] == 1.0 and got[("ar", 1.0)]["is_baseline"] is True
     assert got[("sps", 0.0)]["speedup"] == pytest.approx(2.0)
     assert got[("sps", 1.0)]["speedup"] == pytest.approx(4.0)
-    # Against both baseline records (the same key twice: summed), 20 tokens in 3 s; its 10 tokens
-    # projected to that work: prefill 0.1 s + 19 tokens at its 0.1 s a token.
+    # Against both baseline records (the same key twice: summed), 20 tokens in 3 s; its one
+    # generation projected to that work: two prefills of 0.1 s and 18 tokens at 0.4 / 9 s each.
     assert got[("sps", 0.5)]["measured_speedup"] == pytest.approx((10 / 0.5) / (20 / 3.0))
-    assert got[("sps", 0.5)]["speedup"] == pytest.approx(3.0 / (0.1 + 19 * 0.1))
+    assert got[("sps", 0.5)]["speedup"] == pytest.approx(3.0 / (2 * 0.1 + 18 * 0.4 / 9))
     assert got[("sps", 0.0)]["is_baseline"] is False
     assert "temperature" not in sweep_of([rec("ar"), rec("sps")])
 

@@ -29,7 +29,7 @@ LENGTH_GAP = 0.2
 UNEQUAL = "†"
 EQUAL_WORK_NOTE = (
     f"{UNEQUAL}: these generations' lengths differ from the baseline's on the same prompts by more than "
-    "20% (Σ|Δ tokens| / Σ tokens); the speed-up is over equal work: each one's time projected to the "
+    f"{LENGTH_GAP:.0%} (Σ|Δ tokens| / Σ tokens); the speed-up is over equal work: each one's time projected to the "
     "baseline's token count from its own prefill and decode ms/token (measured_speedup in summary.json "
     "keeps the plain ratio of rates)"
 )

@@ -64,12 +64,13 @@ def throughput(records: Sequence[Record]) -> dict:
 
 
 def _per_key(records: Iterable[Record]) -> dict[tuple[str, int, int], np.ndarray]:
-    """Per key: [new tokens, total s, decode tokens, decode s, prefill s, first tokens] (summed if a
-    key repeats)."""
+    """Per key: [new tokens, total s, decode tokens, decode s, prefill s, first tokens, records]
+    (summed if a key repeats)."""
     out: dict[tuple[str, int, int], np.ndarray] = {}
     for r in records:
         row = np.array(
-            [r.new_tokens, r.total_s, decode_tokens(r), r.decode_s, r.prefill_s, r.first_tokens], dtype=float
+            [r.new_tokens, r.total_s, decode_tokens(r), r.decode_s, r.prefill_s, r.first_tokens, 1],
+            dtype=float,
         )
         out[r.key] = out[r.key] + row if r.key in out else row
     return out
@@ -83,11 +84,16 @@ def equal_work_seconds(m: np.ndarray, b: np.ndarray) -> np.ndarray:
     per_token = np.where(
         m[:, 2] > 0, m[:, 3] / np.maximum(m[:, 2], 1), pooled if pooled is not None else np.nan
     )
-    projected = m[:, 4] + np.maximum(b[:, 0] - m[:, 5], 0) * per_token
+    # A key may hold several generations (a sweep's baseline at every temperature): as many
+    # prefills as the baseline's.
+    generations = b[:, 6] / m[:, 6]
+    past_first = np.maximum(b[:, 0] - m[:, 5] * generations, 0)
+    decoding = np.where(past_first > 0, past_first * per_token, 0.0)
+    projected = m[:, 4] * generations + decoding
     # No decode time anywhere to project with: scale the whole time by the token counts.
     scaled = m[:, 1] * np.maximum(b[:, 0], 1) / np.maximum(m[:, 0], 1)
     projected = np.where(np.isnan(projected), scaled, projected)
-    return np.where(m[:, 0] == b[:, 0], m[:, 1], projected)
+    return np.where((m[:, 0] == b[:, 0]) & (m[:, 6] == b[:, 6]), m[:, 1], projected)
 
 
 def _rate_ratio(m: np.ndarray, b: np.ndarray, tok: int, sec: int) -> float | None:
@@ -147,19 +153,19 @@ def speedup(
         return out
     m = np.stack([mine[k] for k in keys])
     b = np.stack([base[k] for k in keys])
-    # Column 6: the seconds of the same work as the baseline's (equal lengths: the measured ones);
+    # Column 7: the seconds of the same work as the baseline's (equal lengths: the measured ones);
     # the baseline's own tokens and seconds make the rate ratio a ratio of seconds.
     m = np.column_stack([m, equal_work_seconds(m, b)])
     work = np.column_stack([b[:, 0], b[:, 1]])
     out["measured_speedup"] = _rate_ratio(m, b, 0, 1)
-    out["speedup"] = _rate_ratio(np.column_stack([b[:, 0], m[:, 6]]), work, 0, 1)
+    out["speedup"] = _rate_ratio(np.column_stack([b[:, 0], m[:, 7]]), work, 0, 1)
     out["decode_speedup"] = _rate_ratio(m, b, 2, 3)
     out["length_gap"] = ratio(float(np.abs(m[:, 0] - b[:, 0]).sum()), float(b[:, 0].sum()))
-    out["projected_keys"] = int((m[:, 0] != b[:, 0]).sum())
+    out["projected_keys"] = int(((m[:, 0] != b[:, 0]) | (m[:, 6] != b[:, 6])).sum())
     if len(keys) >= 2 and resamples > 0:
         index = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
         for name, mine_rows, base_rows, tok, sec in (
-            ("speedup", np.column_stack([b[:, 0], m[:, 6]]), work, 0, 1),
+            ("speedup", np.column_stack([b[:, 0], m[:, 7]]), work, 0, 1),
             ("decode_speedup", m, b, 2, 3),
         ):
             if out[name] is None:

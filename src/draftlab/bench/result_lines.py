@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftlab.bench.formatting import fmt, seed_name
+from draftlab.bench.formatting import fmt, seed_name, unequal
 
 
 def _result_line(prefix: str, summary_group: dict, baseline: str, label: str) -> str | None:
@@ -20,6 +20,8 @@ def _result_line(prefix: str, summary_group: dict, baseline: str, label: str) ->
         text += f" [95% CI {m['speedup_ci_low']:.2f}-{m['speedup_ci_high']:.2f}]"
     if m["matched_keys"] < max(m["n"], base["n"]):
         text += f" (on the {m['matched_keys']} generations both have)"
+    if unequal(m):
+        text += f" (over equal work: lengths differ by {m['length_gap']:.0%})"
     return text
 
 

@@ -5,6 +5,7 @@ Each drafter's builder (drafters/<algorithm>/build.py) joins its proposer to the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from draftlab.decode.cost import CostModel
@@ -35,10 +36,11 @@ def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=No
     """Get every package a compiled decoder runs over the bucket that holds `needed` ready, untimed:
     the target's, and an EAGLE head's where it drafts (its passes: one token, a tree level)."""
     decoder.target.warm(needed, compiled_passes(config), on_pass)
-    width = getattr(decoder.target.compiled, "exact_width", None) if config.exact else None
     sizer = getattr(decoder, "sizer", None)
-    if width is not None and sizer is not None:
-        sizer.cost.min_rows = width  # every pass costs at least a pass of that width
+    if config.exact and sizer is not None:
+        width = decoder.target.exact_width(decoder.target.compiled.bucket(needed))
+        # Every pass costs at least one of that width; a copy, since variants share cost models.
+        sizer.cost = dataclasses.replace(sizer.cost, min_rows=width)
     head = getattr(getattr(decoder, "proposer", None), "draft", None)
     if getattr(head, "compiled", None) is not None:
         head.warm(needed, (1, min(config.tree_width, MAX_PASS)) if config.spec.tree else (1,))

@@ -26,6 +26,7 @@ from draftlab.decode.timing import synchronized_clock
 from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
+from draftlab.models.compiled import MAX_PASS
 from draftlab.proposers.base import Proposal, Proposer
 from draftlab.sampling import Sampler, SamplingParams
 from draftlab.verify.rules import AcceptanceRule
@@ -79,6 +80,8 @@ class SpeculativeDecoder:
         limit = self.target.lm.context_length
         if limit is not None:
             needed = len(prompt_ids) + (0 if self.target.lm.is_encoder_decoder else max_new_tokens)
+            if getattr(self.target, "exact", False):
+                needed += MAX_PASS - 1  # exact mode's padding rows take positions past the last token
             if needed > limit:
                 raise DraftlabError(
                     f"prompt of {len(prompt_ids)} tokens plus max_new_tokens={max_new_tokens} exceeds "

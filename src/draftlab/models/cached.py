@@ -42,6 +42,7 @@ class CachedModel:
         self.use_cache = use_cache
         # Exact mode (models/exact.py): every pass over a static cache, padded to one measured width.
         self.exact = exact
+        self._probing = False
         if exact and (not use_cache or lm.is_encoder_decoder):
             raise DraftlabError("--exact needs a decoder-only target with its KV cache on")
         # Passes of up to 8 tokens through a compiled package over a static cache (models/compiled.py);
@@ -61,8 +62,6 @@ class CachedModel:
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
         if self.compiled is not None:
             self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
-        if exact:
-            self._check_exact()
 
     @property
     def length(self) -> int:
@@ -91,6 +90,9 @@ class CachedModel:
             return [int(start)]
         if self.compiled is not None:
             self._cache = self.compiled.new_cache(len(prompt_ids) + RESERVE)
+            if self.exact and not self._probing:
+                # Measured by `warm` before timed work; a caller who skipped it pays here.
+                self.exact_width(capacity(self._cache))
         else:
             self._cache = DynamicCache(config=config) if self.use_cache else None
         return list(prompt_ids)
@@ -148,7 +150,7 @@ class CachedModel:
             kwargs["position_ids"] = positions.to(self.device)
         if self.compiled is not None:
             if pad_to is None and self.exact:
-                pad_to = self.compiled.exact_width
+                pad_to = self.compiled.exact_widths.get(capacity(self._cache))  # None while warming
             out = self._static_forward(feed, kwargs, pad_to)
         elif self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
@@ -186,6 +188,8 @@ class CachedModel:
                     on_pass(capacity(self._cache), size)
             if self.compiled.pad_single is None and not self.exact:
                 self._choose_padding()
+            if self.exact:
+                self.exact_width(capacity(self._cache))
         finally:
             self._tokens, self._cache, self._tree, self.forward_calls = saved
 
@@ -210,8 +214,10 @@ class CachedModel:
         """A pass over the static cache: compiled for up to MAX_PASS tokens, eager for a prompt.
         A token tree's mask spans the nodes fed so far; a static cache's attention spans its
         whole bucket, so the mask is widened to it (the slots past the tree masked)."""
-        if len(self._tokens) > capacity(self._cache):
-            self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, len(self._tokens))
+        # Padding rows take slots too, until given back.
+        needed = len(self._tokens) + max((pad_to or 1) - feed.shape[1], 0)
+        if needed > capacity(self._cache):
+            self._cache = kwargs[self._cache_arg] = self.compiled.grown(self._cache, needed)
         if "attention_mask" in kwargs:
             kwargs["attention_mask"] = bucket_mask(kwargs["attention_mask"], capacity(self._cache))
         # A prompt runs eagerly, and so does any pass before the cache holds keys (a prompt of up
@@ -260,23 +266,26 @@ class CachedModel:
             ok = _TREE_SUPPORT[self.model] = self._check_trees()
         return ok
 
-    def _check_exact(self) -> None:
-        """Measure exact mode's width for this model's passes once (untimed: a few seconds, after the
-        compiled package is ready); a one-line error where no width makes them exact."""
+    def exact_width(self, bucket: int) -> int:
+        """Exact mode's width in this static-cache bucket, measured the first time (a few seconds:
+        passes of every length over a fixed sequence); a one-line error where no width is exact."""
         steps = self.compiled
-        if not steps.exact_checked:
+        if bucket not in steps.exact_widths:
             saved = (self._tokens, self._cache, self._tree, self.forward_calls)
+            self._probing = True
             try:
-                self._cache = steps.new_cache(exact.PREFIX + exact.PROBE + RESERVE)
-                steps.exact_width = exact.choose_width(self)
+                self._cache = steps.new_cache(bucket)
+                steps.exact_widths[bucket] = exact.choose_width(self, bucket)
             finally:
+                self._probing = False
                 self._tokens, self._cache, self._tree, self.forward_calls = saved
-            steps.exact_checked = True
-        if steps.exact_width is None:
+        width = steps.exact_widths[bucket]
+        if width is None:
             raise DraftlabError(
                 f"--exact: no pass width up to {MAX_PASS} makes '{self.lm.spec.name}' ({self.lm.spec.dtype}) "
                 "score a pass of several tokens as one-token passes on this CPU; run without --exact"
             )
+        return width
 
     def _check_trees(self) -> bool:
         """A tree pass must score each branch as a chain pass over that branch does, up to rounding.

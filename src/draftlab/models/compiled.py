@@ -166,13 +166,12 @@ class CompiledSteps:
     single_ms: dict[str, float] = field(default_factory=dict)
     caches: dict[int, StaticCache] = field(default_factory=dict)
     runners: dict[int, object] = field(default_factory=dict)
-    # Static-cache passes run by the exported module itself, uncompiled (exact mode without
-    # --compile: a static cache's passes attend over the same bucket whatever their length).
+    # Static-cache passes run by `StaticStep` uncompiled (exact mode without --compile: a static
+    # cache's passes attend over the same bucket whatever their length).
     eager: bool = False
-    # Exact mode (models/exact.py), measured once per model: the pass width under which passes of
-    # every length score as one-token ones (None: none is).
-    exact_width: int | None = None
-    exact_checked: bool = False
+    # Exact mode (models/exact.py), measured per bucket (each its own package and attention length):
+    # the pass width under which passes of every length score as one-token ones (None: none is).
+    exact_widths: dict[int, int | None] = field(default_factory=dict)
 
     @property
     def model(self) -> torch.nn.Module:

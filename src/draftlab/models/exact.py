@@ -10,11 +10,10 @@ than plain decoding in bfloat16 or a 4-bit storage. Exact mode removes both caus
   decoding's one-token steps included, are padded with copies after the real tokens, which no
   real row can see, and whose slots are given back at once.
 
-Which width is needed depends on the CPU and the kernels: on a Sapphire Rapids Xeon, eager bfloat16
-and Q4_1 passes agreed unpadded, float32 and compiled passes needed 8 rows. So the width is measured,
-not assumed: `choose_width` feeds one fixed token sequence in passes of every length up to MAX_PASS,
-each padded to at least the candidate width, and keeps the narrowest (cheapest) width under which
-every position's logits are bitwise equal to those of one-token passes.
+Every pass is padded to MAX_PASS rows, so all run the same kernels on the same shapes; what is left
+is a row's place in the pass (row 0 in plain decoding, row i in a verification), which `choose_width`
+checks: one fixed token sequence fed in passes of every length, at contexts from short to the
+bucket's end, must give bitwise the logits of one-token passes, or exact mode is refused.
 
 A chain is exact by construction once the width is: its token at position p sits in slot p, as in
 plain decoding, so its row attends over the same slots with the same bits. A token tree is not: a
@@ -30,55 +29,79 @@ import torch
 
 from draftlab.models.compiled import MAX_PASS
 
-# Candidate widths, cheapest first: 1 means no padding at all.
-WIDTHS = (1, 2, 4, MAX_PASS)
+# The width: every pass as long as the longest, so that every pass runs the same kernels. Narrower
+# widths (1 = unpadded, 2, 4) let pass lengths vary, and a probe cannot prove them: unpadded eager
+# bfloat16 passes agreed at every probed context and still differed after 469 tokens in a run.
+WIDTHS = (MAX_PASS,)
 PREFIX = 24  # probe tokens fed as the prompt
 PROBE = 17  # probe tokens scored after it
 
 
-def probe_tokens(vocab: int) -> list[int]:
+def probe_tokens(vocab: int, n: int) -> list[int]:
     """A fixed token sequence, spread over the vocabulary (the same on every run)."""
-    return [(7919 * i + 13) % vocab for i in range(PREFIX + PROBE)]
+    return [(7919 * i + 13) % vocab for i in range(n)]
 
 
-def logits_in_passes(model, tokens: list[int], size: int, width: int) -> torch.Tensor:
-    """The logits of every position after the prefix, fed `size` tokens a pass, padded to `width`."""
-    model.start(tokens[:PREFIX])
-    rows = [model.forward(tokens[:PREFIX], keep=1, pad_to=width)]
-    position = PREFIX
+def prefixes(bucket: int, limit: int | None) -> tuple[int, ...]:
+    """The contexts probed, from a short one to the longest the bucket holds with the probe after it.
+    Rounding shows only where a difference crosses a bfloat16 step, so one context proves little:
+    in an eager bfloat16 static cache unpadded passes agreed after 24 and 487 tokens and differed
+    after 469 (a generation found it)."""
+    room = min(bucket, limit or bucket) - PROBE - MAX_PASS
+    if room <= PREFIX:
+        return (PREFIX,)
+    return tuple(sorted({PREFIX, room // 4, room // 2, 3 * room // 4, room} - {0}))
+
+
+def logits_in_passes(model, tokens: list[int], prefix: int, size: int, width: int) -> torch.Tensor:
+    """The logits of every position after `prefix` (already in the cache), fed `size` tokens a pass,
+    padded to `width`; the cache is cut back to the prefix after."""
+    rows, position = [], prefix
     while position < len(tokens):
         chunk = tokens[position : position + size]
         rows.append(model.forward(chunk, pad_to=width))
         position += len(chunk)
-    model.crop(0)
+    model.crop(prefix)
     return torch.cat(rows)
 
 
-def is_exact(model, width: int) -> bool:
-    """Whether passes of every length up to MAX_PASS, padded to `width`, score as one-token ones."""
-    tokens = probe_tokens(int(model.lm.vocab_size))
-    reference = logits_in_passes(model, tokens, 1, width)
-    return all(
-        torch.equal(logits_in_passes(model, tokens, size, width), reference)
-        for size in range(2, MAX_PASS + 1)
-    )
+def is_exact(model, width: int, bucket: int) -> bool:
+    """Whether passes of every length up to MAX_PASS, padded to `width`, score as one-token ones,
+    after a short and a long context in the static cache of `bucket` slots."""
+    for prefix in prefixes(bucket, model.lm.context_length):
+        tokens = probe_tokens(int(model.lm.vocab_size), prefix + PROBE)
+        model.start(tokens[:prefix])
+        model._cache = model.compiled.new_cache(bucket)
+        model.forward(tokens[:prefix], keep=1)
+        reference = logits_in_passes(model, tokens, prefix, 1, width)
+        for size in range(2, MAX_PASS + 1):
+            if not torch.equal(logits_in_passes(model, tokens, prefix, size, width), reference):
+                model.crop(0)
+                return False
+        model.crop(0)
+    return True
 
 
-def choose_width(model, widths: tuple[int, ...] = WIDTHS) -> int | None:
-    """The narrowest width under which this model's passes are exact here; None if none is."""
-    return next((w for w in widths if is_exact(model, w)), None)
+def choose_width(model, bucket: int, widths: tuple[int, ...] = WIDTHS) -> int | None:
+    """The narrowest width under which this model's passes are exact in `bucket`; None if none is."""
+    return next((w for w in widths if is_exact(model, w, bucket)), None)
 
 
 def record(model) -> dict:
-    """What a run records of exact mode: the width and how the passes ran."""
+    """What a run records of exact mode: the width per static-cache bucket and how the passes ran."""
     steps = model.compiled
-    return {"width": steps.exact_width, "passes": "eager" if steps.eager else "compiled"}
+    return {
+        "width": {str(bucket): w for bucket, w in sorted(steps.exact_widths.items())},
+        "passes": "eager" if steps.eager else "compiled",
+    }
 
 
 def describe(rec: dict) -> str:
-    width = rec["width"]
-    rows = "unpadded" if width == 1 else f"padded to {width} rows"
-    trees = (
-        "token trees exact too" if rec["trees"] else "token trees not exact here: tree methods verify chains"
+    widths = ", ".join(
+        ("unpadded" if w == 1 else f"padded to {w} rows") + f" ({bucket}-token cache)"
+        for bucket, w in rec["width"].items()
     )
-    return f"exact mode: {rec['passes']} passes over a static cache, {rows} (measured on this CPU); {trees}"
+    return (
+        f"exact mode: {rec['passes']} passes over a static cache, {widths or 'not measured yet'} "
+        "(measured on this CPU); tree methods verify their best chain"
+    )
