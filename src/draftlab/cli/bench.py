@@ -208,10 +208,8 @@ def run(args: argparse.Namespace) -> int:
         extra["compile"] = args.compile_choice.record()
         if not args.quiet:
             Console(stderr=True).print(f"[dim]compiled passes: {args.compile_choice.why}[/]")
-    if any(v.config.exact for v in variants):
-        extra["exact"] = {v.label: exact.record(v.decoder.target) for v in variants if v.config.exact}
-        if not any(v.config.compile for v in variants):
-            warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
+    if any(v.config.exact for v in variants) and not any(v.config.compile for v in variants):
+        warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
     if any(v.config.compile for v in variants):
         before = peak_rss_mb()
         warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
@@ -221,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
             extra["one_token_passes"] = {"padded": steps.pad_single, "ms": steps.single_ms}
         # Peak resident memory with every model loaded, then with the packages loaded and run too.
         extra["peak_rss_mb"] = {"before_packages": before, "with_packages": peak_rss_mb()}
+    if any(v.config.exact for v in variants):  # widths measured while warming
+        extra["exact"] = {v.label: exact.record(v.decoder.target) for v in variants if v.config.exact}
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)
     block = args.vllm_block if extra.get("interleaving", "per example") != "per example" else 1
