@@ -5,6 +5,7 @@ Each property holds for every input hypothesis can build, not only for the hand-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -56,9 +57,17 @@ def test_speedup_is_the_ratio_of_summed_rates_and_its_interval_is_ordered(pairs)
     out = speedup(mine, base, resamples=200)
     rate_m = sum(n for (n, _), _ in pairs) / sum(s for (_, s), _ in pairs)
     rate_b = sum(n for _, (n, _) in pairs) / sum(s for _, (_, s) in pairs)
-    assert out["speedup"] == pytest.approx(rate_m / rate_b)
+    assert out["measured_speedup"] == pytest.approx(rate_m / rate_b)
     assert out["matched_keys"] == len(pairs)
     assert 0 < out["speedup_ci_low"] <= out["speedup_ci_high"]
+    # Over equal lengths the speed-up is that ratio of summed rates: nothing is projected.
+    same_length = [
+        dataclasses.replace(b, new_tokens=m.new_tokens, first_tokens=m.first_tokens)
+        for m, b in zip(mine, base, strict=True)
+    ]
+    rate_b = sum(r.new_tokens for r in same_length) / sum(s for _, (_, s) in pairs)
+    equal = speedup(mine, same_length, resamples=0)
+    assert equal["speedup"] == pytest.approx(rate_m / rate_b) and equal["projected_keys"] == 0
 
 
 @FAST
@@ -76,7 +85,11 @@ def test_a_method_against_itself_is_exactly_one_with_a_zero_width_interval(pairs
 @given(paired_runs, st.floats(0.1, 10.0))
 def test_making_the_method_k_times_faster_scales_speedup_and_interval_by_k(pairs, k):
     mine, base = as_records(pairs)
-    faster = [record("m", r.example_id, r.new_tokens, r.total_s / k) for r in mine]
+    # Every part of each generation k times faster: prefill, decoding, the whole.
+    faster = [
+        dataclasses.replace(r, total_s=r.total_s / k, prefill_s=r.prefill_s / k, decode_s=r.decode_s / k)
+        for r in mine
+    ]
     before = speedup(mine, base, resamples=100)
     after = speedup(faster, base, resamples=100)
     # Python floats (float64): each ratio of sums over the records is off by at most the sums' bound.
@@ -106,7 +119,14 @@ def test_speedup_of_a_over_b_is_the_inverse_of_b_over_a(pairs):
     backward = speedup([record("m", r.example_id, r.new_tokens, r.total_s) for r in base],
                                [record("b", r.example_id, r.new_tokens, r.total_s) for r in mine],
                                resamples=100)  # fmt: skip
-    assert forward["speedup"] * backward["speedup"] == pytest.approx(1.0)
+    assert forward["measured_speedup"] * backward["measured_speedup"] == pytest.approx(1.0)
+    # Over equal work both ways, the speed-ups are inverse too.
+    same = [
+        dataclasses.replace(b, new_tokens=m.new_tokens, first_tokens=m.first_tokens)
+        for m, b in zip(mine, base, strict=True)
+    ]
+    there, back = speedup(mine, same, resamples=0), speedup(same, mine, resamples=0)
+    assert there["speedup"] * back["speedup"] == pytest.approx(1.0)
 
 
 @FAST
