@@ -154,10 +154,14 @@ class Audit:
     def exact_greedy(self, audits, target, draft, cost, prompts) -> None:
         """Every lossless method of our own loop and `ar` again in exact mode (models/exact.py), where
         a pass of several tokens scores each position as one-token passes do: any difference left
-        there is not rounding. Skipped on other engines and when the audit already ran exact."""
+        there is not rounding. In a low precision only (float32 is the reference the differences
+        are rerun in already), and not on other engines or when the audit already ran exact."""
         config_of = self.parts.config_of
         chosen = [a for a in audits if a.lossless_claim and config_of(a.method).spec.compilable]
-        if target.engine != "hf" or target.is_encoder_decoder or not chosen or config_of("ar").exact:
+        low = {target.spec.dtype, draft.spec.dtype if draft is not None else "float32"} != {"float32"}
+        if target.engine != "hf" or target.is_encoder_decoder or not chosen or not low:
+            return
+        if config_of("ar").exact:
             return
         args = self.args
         # One static-cache bucket for every generation: a generation that grew into another would
