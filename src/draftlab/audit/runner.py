@@ -130,26 +130,31 @@ class Audit:
         return "float32" if low else None
 
     def greedy(self, audits, target, draft, cost, prompts):
-        args = self.args
         decoders = self.decoders([a.method for a in audits], target, draft, cost)
         recheck = self.recheck_key(target, draft)
+        for audit, i, ids, ar, tokens, at in self._compared("greedy", decoders, audits, prompts):
+            audit.greedy_prompts += 1
+            if at is None:
+                audit.greedy_identical += 1
+                continue
+            record = divergence(target, i, ids, ar, tokens, at, recheck or "float32")
+            if recheck and audit.lossless_claim:
+                record[recheck] = self.recheck(audit.method, i, ids, target, draft)
+            audit.divergences.append(record)
+
+    def _compared(self, stage: str, decoders, audits, prompts):
+        """Per prompt, `ar`'s greedy tokens, then each audited method's: (audit, prompt index, ids,
+        ar's tokens, the method's, their first difference or None)."""
+        n = self.args.max_new_tokens
         for i, ids in enumerate(prompts):
-            self.bar.say(f"greedy · prompt {i + 1}/{len(prompts)} · ar")
-            ar = decoders["ar"].generate(ids, args.max_new_tokens, GREEDY).tokens
+            self.bar.say(f"{stage} · prompt {i + 1}/{len(prompts)} · ar")
+            ar = decoders["ar"].generate(ids, n, GREEDY).tokens
             self.bar.step()
             for audit in audits:
-                self.bar.say(f"greedy · prompt {i + 1}/{len(prompts)} · {audit.method}")
-                tokens = decoders[audit.method].generate(ids, args.max_new_tokens, GREEDY).tokens
+                self.bar.say(f"{stage} · prompt {i + 1}/{len(prompts)} · {audit.method}")
+                tokens = decoders[audit.method].generate(ids, n, GREEDY).tokens
                 self.bar.step()
-                audit.greedy_prompts += 1
-                at = first_divergence(ar, tokens)
-                if at is None:
-                    audit.greedy_identical += 1
-                    continue
-                record = divergence(target, i, ids, ar, tokens, at, recheck or "float32")
-                if recheck and audit.lossless_claim:
-                    record[recheck] = self.recheck(audit.method, i, ids, target, draft)
-                audit.divergences.append(record)
+                yield audit, i, ids, ar, tokens, first_divergence(ar, tokens)
 
     def exact_greedy(self, audits, target, draft, cost, prompts) -> None:
         """Every lossless method of our own loop and `ar` again in exact mode (models/exact.py), where
@@ -175,22 +180,14 @@ class Audit:
             decoders[method] = build_decoder(config, target, draft, cost if config.adaptive else None)
             warm_compiled_passes(decoders[method], need, config)
         self.bar.add(len(prompts) * len(decoders))
-        for i, ids in enumerate(prompts):
-            self.bar.say(f"exact mode · prompt {i + 1}/{len(prompts)} · ar")
-            ar = decoders["ar"].generate(ids, args.max_new_tokens, GREEDY).tokens
-            self.bar.step()
-            for audit in chosen:
-                self.bar.say(f"exact mode · prompt {i + 1}/{len(prompts)} · {audit.method}")
-                tokens = decoders[audit.method].generate(ids, args.max_new_tokens, GREEDY).tokens
-                self.bar.step()
-                audit.exact_prompts += 1
-                at = first_divergence(ar, tokens)
-                if at is None:
-                    audit.exact_identical += 1
-                else:
-                    record = divergence(target, i, ids, ar, tokens, at, "float32")
-                    del record["float32"]  # no rerun: in exact mode a difference is a defect
-                    audit.exact_divergences.append(record)
+        for audit, i, ids, ar, tokens, at in self._compared("exact mode", decoders, chosen, prompts):
+            audit.exact_prompts += 1
+            if at is None:
+                audit.exact_identical += 1
+                continue
+            record = divergence(target, i, ids, ar, tokens, at, "float32")
+            del record["float32"]  # no rerun: in exact mode a difference is a defect
+            audit.exact_divergences.append(record)
 
     def recheck(self, method: str, i: int, ids: list[int], target, draft) -> str:
         args = self.args
