@@ -164,7 +164,9 @@ class Audit:
         config_of = self.parts.config_of
         chosen = [a for a in audits if a.lossless_claim and config_of(a.method).spec.compilable]
         low = {target.spec.dtype, draft.spec.dtype if draft is not None else "float32"} != {"float32"}
-        if target.engine != "hf" or target.is_encoder_decoder or not chosen or not low:
+        # A model that brings its own cache-aware passes (another engine's) runs its own kernels.
+        own_passes = getattr(target, "cached_model", None) is not None
+        if own_passes or target.is_encoder_decoder or not chosen or not low:
             return
         if config_of("ar").exact:
             return
