@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from helpers import check_error, noisy_copy
+from helpers import QUIET, check_error, noisy_copy, write_suite
 from tiny import FAMILIES
 
 from draftlab.decode.build import build_decoder, warm_compiled_passes
@@ -55,7 +55,7 @@ def story_pair(stories, tmp_path_factory):
     return _bf16(stories), _bf16(draft_dir)
 
 
-def _generate(method, target, draft, ids, compile=False, n=120):
+def _generate(method, target, draft, ids, compile=False, n=120, params=GREEDY):
     config = DecoderConfig(method=method, exact=True, compile=compile, pld_tokens=6)
     cost = None
     if config.adaptive:
@@ -63,7 +63,7 @@ def _generate(method, target, draft, ids, compile=False, n=120):
         cost = CostModel(flat_curve(COST), draft_curve, clock=TickClock())
     decoder = build_decoder(config, target, draft if config.needs_draft else None, cost)
     warm_compiled_passes(decoder, len(ids) + n + 16, config)
-    return decoder.generate(ids, n, GREEDY)
+    return decoder.generate(ids, n, params)
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
@@ -81,6 +81,22 @@ def test_every_lossless_method_writes_plain_decodings_tokens_in_bfloat16(story_p
                 assert out.stats.tree_fallback.startswith("exact mode"), (
                     "exact mode verifies a tree's best chain"
                 )
+
+
+def test_sampling_in_exact_mode_writes_plain_decodings_tokens_for_a_seed(story_pair):
+    """Exact mode samples with keyed noise (draftlab.sampling.KeyedSampler): in bfloat16, seed for
+    seed, every lossless method writes the tokens plain decoding samples."""
+    target, draft = story_pair
+    ids = encode_prompt(target, STORY, chat=False)
+    drafted = accepted = 0
+    for seed in (0, 1):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
+        ar = _generate("ar", target, draft, ids, n=80, params=params)
+        for method in ("sps", "pld", "sps-tree"):
+            out = _generate(method, target, draft, ids, n=80, params=params)
+            assert out.tokens == ar.tokens, f"{method} seed {seed}: not plain decoding's sample"
+            drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert accepted > 0.1 * drafted > 0, "drafts must be kept, or the equality says nothing"  # 111 of 599
 
 
 def test_the_probe_finds_the_width_each_pass_shape_needs(story_pair):
@@ -121,13 +137,67 @@ def test_generate_exact_from_the_cli(story_pair, capsys):
     path = str(story_pair[0].path)
     runs = {}
     for method in ("ar", "pld"):
-        argv = ["generate", "--target", path, "--dtype", "bfloat16", "--method", method, "--exact"]
-        assert main([*argv, "--max-new-tokens", "40", "--json", STORY]) == 0
-        captured = capsys.readouterr()
-        runs[method] = json.loads(captured.out)
-        assert "exact mode: eager passes over a static cache" in captured.err
-    assert runs["pld"]["tokens"] == runs["ar"]["tokens"]
+        for sampling in ([], ["--temperature", "0.9", "--seed", "5"]):
+            argv = ["generate", "--target", path, "--dtype", "bfloat16", "--method", method, "--exact"]
+            assert main([*argv, *sampling, "--max-new-tokens", "40", "--json", STORY]) == 0
+            captured = capsys.readouterr()
+            runs[method, bool(sampling)] = json.loads(captured.out)
+            assert "exact mode: eager passes over a static cache" in captured.err
+    for sampled in (False, True):
+        assert runs["pld", sampled]["tokens"] == runs["ar", sampled]["tokens"]
+    assert runs["ar", True]["tokens"] != runs["ar", False]["tokens"], "the seed's sample is not the argmax"
+    runs = {key: runs[key] for key in runs if not key[1]}
+    runs = {method: run for (method, _), run in runs.items()}
     assert runs["ar"]["exact"]["passes"] == "eager" and runs["ar"]["exact"]["width"]
+
+
+def test_bench_exact_from_the_cli_samples_plain_decodings_tokens(story_pair, tmp_path):
+    """`bench --exact`, sampled: every generation of a lossless method is plain decoding's sample for
+    its seed, the report says so, and it prices exactness beside plain decoding as it runs without it."""
+    from draftlab.bench.losslessness import with_plain_matches
+    from draftlab.bench.records import read_records
+    from draftlab.cli import main
+
+    suite = write_suite(
+        tmp_path / "suite.jsonl",
+        [{"id": f"s{i}", "category": "qa", "prompt": p} for i, p in enumerate(PROMPTS[:2])],
+    )
+    target, draft = (str(m.path) for m in story_pair)
+    out = tmp_path / "run"
+    argv = [
+        "bench",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--dtype",
+        "bfloat16",
+        "--exact",
+        "--methods",
+        "ar,sps,pld",
+    ]
+    run = [
+        "--suite",
+        str(suite),
+        "--full",
+        "--max-new-tokens",
+        "48",
+        "--temperature",
+        "0.8",
+        "--out",
+        str(out),
+    ]
+    assert main([*argv, *run, *QUIET]) == 0
+    records = with_plain_matches(read_records(out / "results.jsonl"))
+    assert {"ar", "sps", "pld", "ar not exact"} <= {r.label for r in records}  # and ar in other dtypes
+    for r in records:
+        if r.method in ("sps", "pld"):
+            assert r.plain_match is True, (r.label, r.example_id)
+    accepted = sum(r.accepted for r in records if r.method == "sps")
+    assert accepted > 0, "sps drafts must be kept, or the equality says nothing"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["sps"]["greedy_match_rate"] == 1.0
+    assert json.loads((out / "run.json").read_text())["extra"]["exact"]
 
 
 def test_the_cost_model_prices_every_pass_at_the_padded_width():

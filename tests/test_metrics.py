@@ -285,3 +285,9 @@ def test_greedy_match_compares_with_plain_decoding_in_the_same_dtype_only():
     assert got == [None, None, True, None, False, None]
     sampled = dataclasses.replace(records[2], temperature=0.7)
     assert with_plain_matches([records[1], sampled])[1].plain_match is None
+    # Exact mode samples with keyed noise: the seed's sample is plain decoding's, so it is compared.
+    exact = {"exact": True}
+    ar_sampled = dataclasses.replace(records[1], temperature=0.7, params=exact)
+    for tokens, match in (([1, 2, 4], True), ([1, 2, 5], False)):
+        pld = dataclasses.replace(sampled, params=exact, tokens=tokens)
+        assert with_plain_matches([ar_sampled, pld])[1].plain_match is match

@@ -44,7 +44,7 @@ class ScriptedSampler:
         self.uniform_calls += 1
         return self.uniforms.pop(0)
 
-    def draw(self, probs):
+    def draw(self, probs, position=None):
         self.drawn.append(probs.clone())
         return int(torch.argmax(probs)) if self.token is None else self.token
 

@@ -25,7 +25,8 @@ from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.drafters.draft_model.proposer import DraftModelProposer
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import ModelSpec, load_model
-from draftlab.sampling import SamplingParams, warp_probs
+from draftlab.proposers import NoProposer
+from draftlab.sampling import KeyedSampler, SamplingParams, warp_probs
 from draftlab.verify.rules import SpeculativeRule
 
 VOCAB = ["a", "b", "c", "d", "e", "f"]
@@ -194,3 +195,74 @@ def test_cost_aware_sizing_is_still_exact(pair):
     rounds = sum(k_counts)
     assert k_counts[0] > 0.1 * rounds and k_counts[1] + k_counts[2] > 0.1 * rounds, k_counts
     assert chi_square_p(target, counts) > FALSE_FAILURE
+
+
+# ----------------------------------------------------------------------------- keyed sampling
+# Exact mode samples with a KeyedSampler: the token at position n is a Gumbel-max pick whose noise
+# is keyed by (seed, n), so plain decoding and every lossless method write the same tokens for a seed.
+
+
+def _keyed(decoder):
+    decoder.keyed = True
+    return decoder
+
+
+@pytest.mark.statistical
+def test_keyed_sps_samples_follow_the_target_distribution(pair):
+    target, draft = pair
+    counts, acceptance = sample_counts(_keyed(_decoder(target, draft, SpeculativeRule())))
+    # 0.44 here, against the classic rule's 0.54: a Gumbel-max coupling agrees less often than
+    # 1 - TV(p, q), the most any rule can keep.
+    assert 0.2 < acceptance < 0.95, "the draft must disagree sometimes, or the test checks nothing"
+    assert chi_square_p(target, counts) > FALSE_FAILURE
+
+
+class _OneNoiseForAllPositions(KeyedSampler):
+    """A deliberately wrong key: the same noise at every position, so each token's law is right
+    but the tokens of one generation are not independent given their distributions."""
+
+    def noise(self, position, width):
+        return super().noise(0, width)
+
+
+@pytest.mark.statistical
+def test_the_chi_square_test_rejects_noise_not_keyed_by_position(pair, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr("draftlab.decode.loop.KeyedSampler", _OneNoiseForAllPositions)
+    # p = 0.0 (below float64's smallest) at 3000 samples: 2000 show the power.
+    counts, _ = sample_counts(_keyed(_decoder(target, draft, SpeculativeRule())), samples=2000)
+    assert chi_square_p(target, counts) < SHOWN_POWER
+
+
+def test_keyed_sampling_writes_plain_decodings_tokens_for_each_seed(pair):
+    """In float32, where a pass of k tokens scores as k one-token passes (up to a near-tie, none
+    here): keyed SPS and PLD write keyed `ar`'s tokens seed for seed; the classic rule does not."""
+    from draftlab.drafters.lookup.ngram import PromptLookupProposer
+
+    target, draft = pair
+    ar = _keyed(SpeculativeDecoder(CachedModel(target), NoProposer(), SpeculativeRule()))
+    sps = _keyed(_decoder(target, draft, SpeculativeRule()))
+    pld = _keyed(SpeculativeDecoder(CachedModel(target), PromptLookupProposer(), SpeculativeRule(), gamma=2))
+    classic = _decoder(target, draft, SpeculativeRule())
+    prompt = PROMPT * 3  # repeats, so prompt lookup finds n-grams to propose
+    differs = drafted = 0
+    for seed in range(40):
+        params = SamplingParams(temperature=PARAMS.temperature, seed=seed)
+        want = ar.generate(prompt, 8, params).tokens
+        for decoder in (sps, pld):
+            out = decoder.generate(prompt, 8, params)
+            assert out.tokens == want, seed
+            drafted += out.stats.drafted
+        differs += classic.generate(prompt, 8, params).tokens != want
+    assert drafted > 100, "the methods must draft, or the equality says nothing"
+    assert differs > 10, "the classic rule draws its own coins: seed for seed, other tokens"
+
+
+def test_keyed_noise_is_a_prefix_across_vocabulary_widths():
+    """A draft and a target padded to other vocabulary sizes see the same noise on shared ids."""
+    sampler, other = KeyedSampler(7), KeyedSampler(7)
+    wide = sampler.noise(5, 100).copy()
+    assert np.array_equal(other.noise(5, 60), wide[:60])
+    assert np.array_equal(other.noise(5, 100), wide)  # grown past what it held: the same values
+    assert not np.array_equal(sampler.noise(6, 100), wide)
+    assert not np.array_equal(KeyedSampler(8).noise(5, 100), wide)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from draftlab.errors import DraftlabError
@@ -71,6 +72,8 @@ def warp_probs(
 class Sampler:
     """Draws tokens with one seeded generator per device, so runs are reproducible."""
 
+    keyed = False  # see KeyedSampler
+
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
@@ -89,6 +92,56 @@ class Sampler:
     def uniform(self, device: torch.device) -> float:
         return torch.rand((), generator=self.generator(device), device=device).item()
 
-    def draw(self, probs: torch.Tensor) -> int:
-        """One token from a probability vector [V]."""
+    def draw(self, probs: torch.Tensor, position: int | None = None) -> int:
+        """One token from a probability vector [V] (`position`, the token's place in the sequence,
+        only matters to a KeyedSampler)."""
         return int(torch.multinomial(probs, 1, generator=self.generator(probs.device)).item())
+
+
+class KeyedSampler(Sampler):
+    """Sampling that plain decoding and every lossless method repeat token for token (exact mode).
+
+    The token at position n is argmax_i p_i / E_i, with E_i ~ Exp(1) drawn from a generator keyed by
+    (seed, n) alone: the exponential race (Gumbel-max), so it is distributed as p, and given p it
+    depends on nothing but n. A round keeps a proposed token while it equals the target's pick there
+    (verify/rules.py), and a draft picks its tokens with the same noise, so draft and target agree
+    whenever their races are won by the same token. Given the same logits (exact mode), plain
+    decoding and every method write the same tokens for a seed, each distributed as the target's.
+    For a deterministic draft a token is kept with probability p(token), as by the classic rule; a
+    sampled draft's is kept less often than by the classic rule, which keeps it with probability
+    1 - TV(p, q).
+    """
+
+    keyed = True
+    KEPT = 32  # positions whose noise is kept: a round's drafts and its verification reuse it
+
+    def __init__(self, seed: int | None) -> None:
+        super().__init__(seed)
+        # Without a seed, one drawn now: the run is then its own, as any unseeded run.
+        self.key = int(np.random.SeedSequence().entropy) if seed is None else seed
+        self._noise: dict[int, np.ndarray] = {}
+
+    def noise(self, position: int, width: int) -> np.ndarray:
+        """E_0..E_width-1 at `position`. numpy fills an array value by value, so a wider draw of the
+        same key starts with the narrower one: a draft and a target whose vocabularies are padded to
+        other sizes see the same noise on every id they share."""
+        have = self._noise.get(position)
+        if have is None or len(have) < width:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.key, position])))
+            have = rng.standard_exponential(width)
+            self._noise[position] = have
+            if len(self._noise) > self.KEPT:
+                for old in sorted(self._noise)[: -self.KEPT]:
+                    del self._noise[old]
+        return have[:width]
+
+    def draw(self, probs: torch.Tensor, position: int | None = None) -> int:
+        if position is None:
+            return super().draw(probs)
+        row = probs.detach().to("cpu", torch.float64).numpy()
+        return int(np.argmax(row / self.noise(position, row.shape[-1])))
+
+    def picks(self, logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int]:
+        """The token at each row's position: each row warped alone, as plain decoding's one row is,
+        so equal logits give equal probabilities bit for bit."""
+        return [self.draw(warp_probs(logits[i : i + 1], params)[0], n) for i, n in enumerate(positions)]

@@ -7,6 +7,9 @@ tell rounding apart from a bug no better than chance. The reference is a plain d
 record's own dtype, compiled or eager, exact or not as the record (`ar`, `ar bfloat16`, `ar
 compiled`, or `ar routed` where it chose that dtype); where none ran, nothing is claimed. The agreement with the baseline, whatever its dtype, stays in
 `Record.greedy_match` and is reported as its own column.
+
+A sampled generation is compared only in exact mode, where keyed sampling (draftlab.sampling) makes
+plain decoding's sample for the generation's seed (the same for every variant) the one to write.
 """
 
 from __future__ import annotations
@@ -24,15 +27,19 @@ def _where(r: Record) -> tuple:
     return (r.params.get("engine", "hf"), r.dtype, *how, r.example_id, r.turn, r.repeat)
 
 
+def _comparable(r: Record) -> bool:
+    return r.temperature == 0 or bool(r.params.get("exact"))
+
+
 def with_plain_matches(records: Sequence[Record]) -> list[Record]:
-    """The records, each greedy speculative one with `plain_match` set where a reference exists."""
+    """The records, each greedy (or exact) speculative one with `plain_match` set where a reference exists."""
     plain: dict[tuple, list[int]] = {}
     for r in records:
-        if r.method == "ar" and r.temperature == 0:
+        if r.method == "ar" and _comparable(r):
             plain.setdefault(_where(r), r.tokens)
     out = []
     for r in records:
-        reference = plain.get(_where(r)) if r.method != "ar" and r.temperature == 0 else None
+        reference = plain.get(_where(r)) if r.method != "ar" and _comparable(r) else None
         match = None if reference is None else r.tokens == reference
         out.append(r if match == r.plain_match else dataclasses.replace(r, plain_match=match))
     return out

@@ -56,7 +56,7 @@ class Record(RoundDetails):
     first_tokens: int = 1  # tokens out at prefill_s (the first round may accept several)
     greedy_match: bool | None = None  # same tokens as the baseline's for this example/turn/repeat
     # Same tokens as plain decoding of the same engine and dtype (set by the report, from the records:
-    # see bench/losslessness.py); None where no such plain decoding ran, or when sampling.
+    # see bench/losslessness.py); None where no such plain decoding ran, or when sampling (but in exact mode).
     plain_match: bool | None = None
     draft_params: int | None = None
     params: dict = field(default_factory=dict)  # the variant's settings (thresholds, use_cache, attn, ...)

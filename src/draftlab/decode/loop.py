@@ -28,7 +28,7 @@ from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import MAX_PASS
 from draftlab.proposers.base import Proposal, Proposer
-from draftlab.sampling import Sampler, SamplingParams
+from draftlab.sampling import KeyedSampler, Sampler, SamplingParams
 from draftlab.verify.rules import AcceptanceRule
 
 
@@ -41,6 +41,7 @@ class SpeculativeDecoder:
         gamma: int = 4,
         sizer: RoundSizer | None = None,
         tree_budget: int | None = None,
+        keyed: bool | None = None,
     ) -> None:
         if gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {gamma}")
@@ -50,6 +51,9 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.sizer = sizer
         self.tree_budget = tree_budget
+        # Keyed sampling (draftlab.sampling.KeyedSampler): what exact mode samples with, so that a
+        # seed gives plain decoding's tokens; by default wherever the target runs exact.
+        self.keyed = getattr(target, "exact", False) if keyed is None else keyed
         # A tree proposer on a model that cannot take a tree mask proposes its best chain, which a
         # tree sizer still cuts to the nodes worth one pass (a chain is a tree of one branch).
         self.trees = proposer.makes_trees
@@ -90,7 +94,7 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
         self.check_prompt(prompt_ids, max_new_tokens)
-        sampler = Sampler(params.seed)
+        sampler = KeyedSampler(params.seed) if self.keyed and not params.greedy else Sampler(params.seed)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), dtype=self.target.lm.spec.dtype)
         target, proposer = self.target, self.proposer
         draft_calls_before = proposer.forward_calls
@@ -142,7 +146,7 @@ class SpeculativeDecoder:
             layers = proposer.feature_layers
             asks = {"features": layers} if layers else {}
             target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree, **asks)
-            verdict = self.rule.verify(proposal, target_logits, params, sampler)
+            verdict = self.rule.verify(proposal, target_logits, params, sampler, position=len(sequence))
             kept = verdict.kept()
             if tree is not None:
                 target.keep_path(len(sequence), kept)

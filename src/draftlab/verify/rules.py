@@ -1,7 +1,9 @@
 """Acceptance rules.
 
 `SpeculativeRule` is speculative sampling (Leviathan et al. 2023, Chen et al. 2023):
-lossless, so its output is distributed exactly as the target's. `BildRule` is BiLD's
+lossless, so its output is distributed exactly as the target's. With a KeyedSampler (exact
+mode, draftlab.sampling) it keeps a proposed token while it equals the target's keyed pick:
+greedy verification of a sample that plain decoding draws identically. `BildRule` is BiLD's
 rollback policy (Kim et al. 2023), which trades exactness for speed.
 """
 
@@ -29,10 +31,28 @@ class Verdict:
 
 class AcceptanceRule:
     def verify(
-        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+        self,
+        proposal: Proposal,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        sampler: Sampler,
+        position: int = 0,
     ) -> Verdict:
-        """`target_logits` is [k+1, V]: row i is the target's distribution for position i of the block."""
+        """`target_logits` is [k+1, V]: row i is the target's distribution for position i of the block,
+        whose first token sits at `position` of the sequence."""
         raise NotImplementedError
+
+
+def _picks(
+    logits: torch.Tensor, params: SamplingParams, sampler: Sampler | None, positions: list[int]
+) -> list[int] | None:
+    """The target's own token per row where it is fixed before looking at the proposal: its argmax
+    (greedy), or its keyed sample; None for the classic rule's coins."""
+    if params.greedy:
+        return argmax_rows(logits)
+    if getattr(sampler, "keyed", False):
+        return sampler.picks(logits, params, positions)
+    return None
 
 
 class SpeculativeRule(AcceptanceRule):
@@ -48,14 +68,19 @@ class SpeculativeRule(AcceptanceRule):
     """
 
     def verify(
-        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+        self,
+        proposal: Proposal,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        sampler: Sampler,
+        position: int = 0,
     ) -> Verdict:
         if proposal.is_tree:
-            return self.verify_tree(proposal, target_logits, params, sampler)
+            return self.verify_tree(proposal, target_logits, params, sampler, position)
         k = len(proposal.tokens)
-        if params.greedy:
-            # Accept the longest prefix on which the draft agrees with the target's argmax.
-            best = argmax_rows(target_logits)
+        best = _picks(target_logits, params, sampler, list(range(position, position + k + 1)))
+        if best is not None:
+            # Accept the longest prefix on which the draft agrees with the target's own tokens.
             n = 0
             while n < k and proposal.tokens[n] == best[n]:
                 n += 1
@@ -70,15 +95,21 @@ class SpeculativeRule(AcceptanceRule):
         return Verdict(k, sampler.draw(p[k]))
 
     def verify_tree(
-        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+        self,
+        proposal: Proposal,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        sampler: Sampler,
+        position: int = 0,
     ) -> Verdict:
         """`target_logits` is [n+1, V]: row 0 scores the root's children, row i+1 node i's."""
         children = proposal.children()
         tokens = proposal.tokens
         path: list[int] = []
         node = -1
-        if params.greedy:
-            best = argmax_rows(target_logits)
+        positions = [position] + [position + depth for depth in proposal.depths()]
+        best = _picks(target_logits, params, sampler, positions)
+        if best is not None:
             while True:
                 want = best[node + 1]
                 node = next((c for c in children[node] if tokens[c] == want), None)
@@ -116,7 +147,12 @@ class BildRule(AcceptanceRule):
         self.rollback_threshold = rollback_threshold
 
     def verify(
-        self, proposal: Proposal, target_logits: torch.Tensor, params: SamplingParams, sampler: Sampler
+        self,
+        proposal: Proposal,
+        target_logits: torch.Tensor,
+        params: SamplingParams,
+        sampler: Sampler,
+        position: int = 0,
     ) -> Verdict:
         k = len(proposal.tokens)
         log_p = torch.log_softmax(target_logits.float(), dim=-1)
@@ -126,14 +162,14 @@ class BildRule(AcceptanceRule):
             bad = torch.nonzero(nll > self.rollback_threshold).flatten()
             if bad.numel():
                 n = int(bad[0])
-                return Verdict(n, self._large_token(target_logits[n], params, sampler))
+                return Verdict(n, self._large_token(target_logits[n], params, sampler, position + n))
         if proposal.fell_back or k == 0:
-            return Verdict(k, self._large_token(target_logits[k], params, sampler))
+            return Verdict(k, self._large_token(target_logits[k], params, sampler, position + k))
         # The small model hit its step limit while confident: it keeps the pen.
         return Verdict(k, None)
 
     @staticmethod
-    def _large_token(logits: torch.Tensor, params: SamplingParams, sampler: Sampler) -> int:
+    def _large_token(logits: torch.Tensor, params: SamplingParams, sampler: Sampler, position: int) -> int:
         if params.greedy:
             return argmax_rows(logits)[0]
-        return sampler.draw(warp_probs(logits, params))
+        return sampler.draw(warp_probs(logits, params), position)

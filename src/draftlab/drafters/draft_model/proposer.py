@@ -70,13 +70,15 @@ class DraftModelProposer(DraftModelBase):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         fell_back = False
-        for _ in range(k):
+        for i in range(k):
             logits = self.draft.forward(pending, keep=1)[-1]
             probs = None if params.greedy else warp_probs(logits, params)
             if not self._keep_going(probs, logits):
                 fell_back = True
                 break
-            token = argmax_rows(logits)[0] if probs is None else sampler.draw(probs)
+            # Its place in the sequence: a keyed sampler draws the draft's token with the noise the
+            # target's token there will be drawn with.
+            token = argmax_rows(logits)[0] if probs is None else sampler.draw(probs, len(sequence) + i)
             tokens.append(token)
             if probs is not None:
                 rows.append(probs)
