@@ -236,3 +236,18 @@ def test_the_audit_reruns_our_methods_in_exact_mode(pair, capsys, monkeypatch, t
     broken = result["methods"]["broken-greedy"]
     assert broken["exact_mode"]["identical"] < broken["exact_mode"]["prompts"] == 2
     assert any(r.startswith("exact mode (prompt") for r in broken["reasons"])
+
+
+def test_an_exact_audit_calls_every_difference_a_defect(pair, monkeypatch, tmp_path):
+    """`audit --exact`: the greedy check itself runs exact, so no float32 rerun can excuse a difference."""
+    inject(monkeypatch, "broken-greedy", AcceptEveryDraftRule())
+    out = tmp_path / "audit.json"
+    argv = ["--methods", "sps,broken-greedy", "--samples", "0", "--dtype", "bfloat16", "--exact"]
+    assert audit(pair, *argv, "--json", str(out)) == 1
+    result = json.loads(out.read_text())
+    sps, broken = result["methods"]["sps"], result["methods"]["broken-greedy"]
+    assert sps["exact_mode"] == {**sps["exact_mode"], "prompts": 2, "identical": 2}
+    assert sps["status"] == "lossless"
+    assert broken["exact_mode"]["identical"] < broken["exact_mode"]["prompts"] == 2
+    assert broken["status"] == "NOT lossless"
+    assert broken["reasons"] and all(r.startswith("exact mode (prompt") for r in broken["reasons"])

@@ -564,6 +564,36 @@ def test_json_safe():
 # --- vs best plain ---------------------------------------------------------------------------------
 
 
+def test_the_fastest_plain_decoding_is_chosen_over_equal_work():
+    """One engine's ar talks longer and so spreads its prefill over more tokens: higher raw tokens/s
+    (20 against 14.3), yet slower on the same work (its 40 tokens take the other 1.37 s, not 2.0)."""
+
+    def plain(label, new, prefill, decode):
+        return [
+            rec(
+                label,
+                method="ar",
+                example_id=e,
+                new_tokens=new,
+                prefill_s=prefill,
+                decode_s=decode,
+                total_s=prefill + decode,
+            )
+            for e in "ab"
+        ]
+
+    by_label = {"ar long": plain("ar long", 40, 1.0, 1.0), "ar short": plain("ar short", 10, 0.5, 0.2)}
+    group = {
+        label: {"method": "ar", "tokens_per_s": rs[0].new_tokens / rs[0].total_s}
+        for label, rs in by_label.items()
+    }
+    assert group["ar long"]["tokens_per_s"] > group["ar short"]["tokens_per_s"]
+    add_vs_best_plain(group, by_label, None, resamples=0)
+    assert group["ar long"]["best_plain"] == "ar short"
+    # Its time projected to the best one's 10 tokens: prefill plus 9 tokens at its own 1/39 s each.
+    assert group["ar long"]["vs_best_ar"] == pytest.approx(0.7 / (1.0 + 9 / 39))
+
+
 def test_vs_best_plain_compares_with_the_fastest_ar():
     by_label = {
         "ar": [rec("ar", example_id=e, total_s=2.0, subtask="qa") for e in "ab"],

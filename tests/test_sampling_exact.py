@@ -210,7 +210,8 @@ def _keyed(decoder):
 @pytest.mark.statistical
 def test_keyed_sps_samples_follow_the_target_distribution(pair):
     target, draft = pair
-    counts, acceptance = sample_counts(_keyed(_decoder(target, draft, SpeculativeRule())))
+    # 4000 samples: a test that must not reject needs no more (its false-failure rate is fixed).
+    counts, acceptance = sample_counts(_keyed(_decoder(target, draft, SpeculativeRule())), samples=4000)
     # 0.44 here, against the classic rule's 0.54: a Gumbel-max coupling agrees less often than
     # 1 - TV(p, q), the most any rule can keep.
     assert 0.2 < acceptance < 0.95, "the draft must disagree sometimes, or the test checks nothing"

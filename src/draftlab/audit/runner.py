@@ -131,13 +131,22 @@ class Audit:
 
     def greedy(self, audits, target, draft, cost, prompts):
         decoders = self.decoders([a.method for a in audits], target, draft, cost)
-        recheck = self.recheck_key(target, draft)
+        # An audit run with --exact: each position scores as in plain decoding's pass, so a
+        # difference is a defect, with no rerun to excuse it as rounding.
+        exact = self.parts.config_of("ar").exact
+        recheck = None if exact else self.recheck_key(target, draft)
         for audit, i, ids, ar, tokens, at in self._compared("greedy", decoders, audits, prompts):
             audit.greedy_prompts += 1
+            audit.exact_prompts += int(exact and audit.lossless_claim)
             if at is None:
                 audit.greedy_identical += 1
+                audit.exact_identical += int(exact and audit.lossless_claim)
                 continue
             record = divergence(target, i, ids, ar, tokens, at, recheck or "float32")
+            if exact and audit.lossless_claim:
+                del record["float32"]
+                audit.exact_divergences.append(record)
+                continue
             if recheck and audit.lossless_claim:
                 record[recheck] = self.recheck(audit.method, i, ids, target, draft)
             audit.divergences.append(record)

@@ -35,7 +35,8 @@ def sweep_tables(summary: dict) -> list[TableData]:
         names = summary["subtask_names"]
         rows, speedups = [], []
         for r in sweeps["tree_budget"]:
-            per_subtask = [summary["subtasks"][s].get(r["label"], {}).get("speedup") for s in names]
+            groups = [summary["subtasks"][s].get(r["label"], {}) for s in names]
+            per_subtask = [m.get("speedup") for m in groups]
             speedups.append(per_subtask)
             rows.append(
                 [
@@ -45,7 +46,7 @@ def sweep_tables(summary: dict) -> list[TableData]:
                     fmt(r["mean_accepted_length"]),
                     fmt_pct(r["branch_win_share"]),
                     fmt_speedup(r),
-                    *(fmt(x) + ("×" if x is not None else "") for x in per_subtask),
+                    *(fmt_speedup(m, ci=False) for m in groups),
                 ]
             )
         headers = ["method", "budget", "nodes / round", "mean acc. len", "non-first branch won", "speed-up"]

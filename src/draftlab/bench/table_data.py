@@ -8,9 +8,14 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from draftlab.bench.formatting import EQUAL_WORK_NOTE, UNEQUAL
+
 
 class TableData:
-    """`bold`: the (row, column) cells to highlight, such as the best method of a subtask."""
+    """`bold`: the (row, column) cells to highlight, such as the best method of a subtask.
+
+    A table with a figure marked as over equal work (UNEQUAL) carries the note that says what it
+    shows, whichever table it is."""
 
     def __init__(
         self,
@@ -20,6 +25,8 @@ class TableData:
         note: str = "",
         bold: set[tuple[int, int]] | None = None,
     ) -> None:
+        if EQUAL_WORK_NOTE not in note and any(UNEQUAL in cell for row in rows for cell in row):
+            note = f"{note}; {EQUAL_WORK_NOTE}" if note else EQUAL_WORK_NOTE
         self.title, self.headers, self.rows, self.note = title, list(headers), rows, note
         self.bold = bold or set()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from draftlab.bench.formatting import (
-    EQUAL_WORK_NOTE,
     UNEQUAL,
     fmt,
     fmt_ci,
@@ -56,16 +55,9 @@ def _metric_cells(m: dict) -> list[str]:
     ]
 
 
-def _unequal_note(groups: Iterable[dict]) -> str:
-    """The equal-work note where any figure of these metric groups is marked."""
-    marked = any(unequal(m) or unequal(m, "vs_best_ar_length_gap") for m in groups)
-    return EQUAL_WORK_NOTE if marked else ""
-
-
 def overall_table(summary: dict) -> TableData:
     rows = [[label, *_metric_cells(summary["overall"][label])] for label in summary["labels"]]
-    note = _unequal_note(summary["overall"].values())
-    return TableData("Overall", ["label", *METRIC_HEADERS], rows, note)
+    return TableData("Overall", ["label", *METRIC_HEADERS], rows)
 
 
 def best_label(group: dict[str, dict], labels: Iterable[str] | None = None) -> str | None:
@@ -91,8 +83,7 @@ def subtask_table(summary: dict) -> TableData:
             if label == best:
                 bold |= {(len(rows), column) for column in highlight}
             rows.append([subtask, label, *_metric_cells(m)])
-    note = _unequal_note(m for group in summary["subtasks"].values() for m in group.values())
-    return TableData("Per subtask", headers, rows, note, bold=bold)
+    return TableData("Per subtask", headers, rows, bold=bold)
 
 
 def subtask_grid(summary: dict) -> TableData:
@@ -110,9 +101,6 @@ def subtask_grid(summary: dict) -> TableData:
         if best is not None:
             bold.add((summary["labels"].index(best), column))
     note = "speed-up over the fastest plain decoding of each column (vs best ar); bold: the fastest there"
-    groups = [m for _, group in columns for m in group.values()]
-    if _unequal_note(groups):
-        note += "; " + EQUAL_WORK_NOTE
     return TableData("Per subtask at a glance", ["label", *(name for name, _ in columns)], rows, note, bold)
 
 
