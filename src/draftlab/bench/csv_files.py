@@ -69,6 +69,12 @@ CSV_FIELDS = (
     "prefill_ms_mean",
     "prefill_ms_median",
     "time_per_token_ms",
+    "round_ms",
+    "round_pass_ms",
+    "round_draft_ms",
+    "round_accept_ms",
+    "round_rest_ms",
+    "round_overhead_share",
     "zero_time_records",
 )
 

@@ -35,6 +35,7 @@ from draftlab.bench.rates import (
     throughput,
 )
 from draftlab.bench.records import Record
+from draftlab.bench.round_split import round_split
 
 
 def _elementwise_sum(lists: Iterable[list[int]]) -> list[int]:
@@ -245,4 +246,5 @@ def group_metrics(
     out.update(greedy_match(records))
     out.update(bild_stats(records))
     out.update(prefill_stats(records))
+    out.update(round_split(records))
     return out

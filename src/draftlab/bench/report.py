@@ -21,6 +21,7 @@ from draftlab.bench.plots import write_plots
 from draftlab.bench.records import RESULTS_FILE, Record, RunInfo, read_records
 from draftlab.bench.report_warnings import warnings
 from draftlab.bench.result_lines import result_lines
+from draftlab.bench.round_split import round_split_table
 from draftlab.bench.run_header import header_lines
 from draftlab.bench.server_tables import server_rounds_table, server_settings_table
 from draftlab.bench.sizing_tables import sizing_table, tree_table
@@ -87,7 +88,12 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     sizing, trees, acceptance = sizing_table(summary), tree_table(summary), acceptance_table(summary)
     server = [server_settings_table(summary), server_rounds_table(summary)]
     sweeps, examples = sweep_tables(summary), per_example_table(rows)
-    md_tables = [*main_tables, timing_table(summary), *_present(engines, *server, sizing, trees, acceptance)]
+    rounds = round_split_table(summary)
+    md_tables = [
+        *main_tables,
+        timing_table(summary),
+        *_present(rounds, engines, *server, sizing, trees, acceptance),
+    ]
     md_tables += sweeps
     md_tables.append(examples)
     write_text(directory / REPORT_MD, markdown_report(summary, md_tables, plots))
@@ -100,7 +106,7 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
         console.print(line, markup=False, highlight=False)
     console.print(rich_table(main_tables[1]))
     console.print(rich_table(main_tables[2]))
-    for table in _present(engines, *server, concurrency, sizing, trees):
+    for table in _present(rounds, engines, *server, concurrency, sizing, trees):
         console.print(rich_table(table))
     for line in concurrency_lines(summary):
         console.print(line, markup=False, highlight=False)

@@ -68,6 +68,7 @@ class SpeculativeDecoder:
             )
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
+        self._draft_s = 0.0  # time in the proposer this round (_draft)
 
     def _devices(self) -> list[torch.device]:
         devices = [self.target.device]
@@ -120,6 +121,7 @@ class SpeculativeDecoder:
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before, t_propose = proposer.forward_calls, time.perf_counter()
+            self._draft_s = 0.0
             t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
             if exact and t_first is None:
@@ -145,7 +147,9 @@ class SpeculativeDecoder:
             tree = proposal.parents if proposal.is_tree else None
             layers = proposer.feature_layers
             asks = {"features": layers} if layers else {}
+            t_pass = synchronized_clock(devices)
             target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree, **asks)
+            t_accept = synchronized_clock(devices)
             verdict = self.rule.verify(proposal, target_logits, params, sampler, position=len(sequence))
             kept = verdict.kept()
             if tree is not None:
@@ -155,6 +159,7 @@ class SpeculativeDecoder:
                 pending = len(fed) - len(proposal.tokens)
                 rows = [*range(pending), *(pending + i for i in kept)]
                 proposer.take_features(fed_from, target.features[rows])
+            accept_s = time.perf_counter() - t_accept
             new = [proposal.tokens[i] for i in kept]
             if verdict.next_token is not None:
                 new.append(verdict.next_token)
@@ -179,8 +184,13 @@ class SpeculativeDecoder:
             stats.draft_tokens_kept += min(verdict.accepted, len(new))
             sequence.extend(new)
             # Invariant: both caches hold the sequence minus its last token.
+            t_crop = time.perf_counter()
             target.crop(len(sequence) - 1)
             proposer.rollback(len(sequence) - 1)
+            if t_first is not None:  # a decode round: where its time went
+                stats.pass_s += t_accept - t_pass
+                stats.draft_s += self._draft_s
+                stats.accept_s += accept_s + time.perf_counter() - t_crop
             if sizer is not None and choice is not None and t_first is not None:
                 # Round 1 is the prefill, whose cost the decode curve does not predict.
                 measured = (sizer.clock() - t_round) * 1000
@@ -211,15 +221,15 @@ class SpeculativeDecoder:
         if proposer.makes_trees:  # on a target without tree support: its best chain (self.trees)
             return self._propose_tree(sequence, budget, params, sampler)
         if sizer is None:
-            return proposer.propose(sequence, min(self.gamma, budget), params, sampler), None
+            return self._draft(sequence, min(self.gamma, budget), params, sampler), None
         if not sizer.free_drafts:
             choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence))
-            proposal = proposer.propose(sequence, choice.k, params, sampler) if choice.k else Proposal()
+            proposal = self._draft(sequence, choice.k, params, sampler) if choice.k else Proposal()
             return proposal, choice
         # Free drafts: propose first, then verify only the share that pays. An unused proposal
         # becomes the shadow that the target's next tokens are scored against.
         t0 = sizer.clock()
-        proposal = proposer.propose(sequence, min(self.gamma, budget), params, sampler)
+        proposal = self._draft(sequence, min(self.gamma, budget), params, sampler)
         sizer.observe_propose_time((sizer.clock() - t0) * 1000)
         choice = sizer.choose(len(sequence), len(proposal.tokens), proposal.kind)
         if choice.k == 0 and proposal.tokens:
@@ -237,7 +247,7 @@ class SpeculativeDecoder:
         sizer, proposer = self.sizer, self.proposer
         depth = min(self.gamma, budget)
         if not isinstance(sizer, TreeSizer):
-            proposal = proposer.propose(sequence, depth, params, sampler)
+            proposal = self._draft(sequence, depth, params, sampler)
             if self.tree_budget is not None:
                 scores = proposal.scores or [1.0] * len(proposal.tokens)
                 return proposal.best(proposal.path_values(scores), self.tree_budget), None
@@ -258,12 +268,19 @@ class SpeculativeDecoder:
             proposer.min_value = sizer.expand_threshold(len(sequence))
             drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
         t0, calls = sizer.clock(), proposer.forward_calls
-        proposal = proposer.propose(sequence, depth, params, sampler)
+        proposal = self._draft(sequence, depth, params, sampler)
         if sizer.free_drafts:
             sizer.observe_propose_time((sizer.clock() - t0) * 1000)
         if not self.trees:
             proposal = proposal.select(proposal.top_path()[:depth])
         return sizer.fit(proposal, len(sequence), drafted_ms, proposer.forward_calls - calls)
+
+    def _draft(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+        """The proposer's proposal, its time counted as this round's drafting."""
+        t0 = time.perf_counter()
+        proposal = self.proposer.propose(sequence, k, params, sampler)
+        self._draft_s += time.perf_counter() - t0
+        return proposal
 
     @staticmethod
     def _learn(
