@@ -73,6 +73,8 @@ def test_every_lossless_method_writes_plain_decodings_tokens_in_bfloat16(story_p
         ids = encode_prompt(target, prompt, chat=False)
         ar = _generate("ar", target, draft, ids, compile)
         assert len(ar.tokens) == 120
+        # The round split: the pass itself (compiled: the package's runner) apart from its inputs.
+        assert ar.stats.pass_s > 0 and ar.stats.inputs_s > 0
         for method in METHODS if not compile else ("sps", "pld", "pld-tree", "sps-tree"):
             out = _generate(method, target, draft, ids, compile)
             assert out.tokens == ar.tokens, f"{method} compiled={compile}: not plain decoding's tokens"

@@ -1230,16 +1230,26 @@ def test_round_split_is_sums_over_decode_rounds_and_the_rest_is_what_is_left():
 
     # 2 generations, 10 + 30 decode rounds (round 1 is the prefill), 0.4 s of decode in all.
     records = [
-        rec("pld", rounds=11, decode_s=0.1, pass_s=0.06, draft_s=0.01, accept_s=0.01),
-        rec("pld", example_id="e2", rounds=31, decode_s=0.3, pass_s=0.24, draft_s=0.02, accept_s=0.02),
+        rec("pld", rounds=11, decode_s=0.1, pass_s=0.05, inputs_s=0.01, draft_s=0.01, accept_s=0.01),
+        rec(
+            "pld",
+            example_id="e2",
+            rounds=31,
+            decode_s=0.3,
+            pass_s=0.22,
+            inputs_s=0.02,
+            draft_s=0.02,
+            accept_s=0.02,
+        ),
     ]
     split = round_split(records)
     assert split["round_ms"] == pytest.approx(10.0)  # 400 ms / 40 rounds
-    assert split["round_pass_ms"] == pytest.approx(7.5)
+    assert split["round_pass_ms"] == pytest.approx(6.75)
+    assert split["round_inputs_ms"] == pytest.approx(0.75)
     assert split["round_draft_ms"] == pytest.approx(0.75)
     assert split["round_accept_ms"] == pytest.approx(0.75)
     assert split["round_rest_ms"] == pytest.approx(1.0)
-    assert split["round_overhead_share"] == pytest.approx(0.175)  # (30 + 40 ms) / 400 ms
+    assert split["round_overhead_share"] == pytest.approx(0.25)  # (30 + 30 + 40 ms) / 400 ms
     # Records of another engine (nothing split) are left out, not counted as all overhead.
     assert round_split([*records, rec("ar@llamacpp", method="ar", rounds=50, decode_s=5.0)]) == split
     assert round_split([rec("ar@llamacpp", method="ar")])["round_ms"] is None
@@ -1255,5 +1265,5 @@ def test_the_loop_splits_every_decode_round(tiny_pair):
     target, draft = (load_model(ModelSpec(str(p), dtype="float32")) for p in tiny_pair["llama"])
     decoder = build_decoder(DecoderConfig(method="sps", gamma=3), target, draft, None)
     s = decoder.generate([1, 5, 9, 3], 24, SamplingParams()).stats
-    assert s.pass_s > 0 and s.draft_s > 0 and s.accept_s > 0
-    assert s.pass_s + s.draft_s + s.accept_s <= s.decode_s
+    assert s.pass_s > 0 and s.inputs_s > 0 and s.draft_s > 0 and s.accept_s > 0
+    assert s.pass_s + s.inputs_s + s.draft_s + s.accept_s <= s.decode_s

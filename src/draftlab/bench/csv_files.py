@@ -71,6 +71,7 @@ CSV_FIELDS = (
     "time_per_token_ms",
     "round_ms",
     "round_pass_ms",
+    "round_inputs_ms",
     "round_draft_ms",
     "round_accept_ms",
     "round_rest_ms",

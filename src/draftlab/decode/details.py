@@ -36,10 +36,13 @@ class RoundDetails:
     # (decode/pacing.py); neither sized (k_counts) nor timed.
     paced_rounds: int = 0
     # Where the decode rounds' time went (every round after the first, whose pass is the prefill):
-    # Σ s in the target's pass (the device synchronized after it), in the proposer, and in the
-    # acceptance rule with the caches' bookkeeping (keep the accepted path, crop, roll back). The
-    # rest of decode_s is the loop's own work: sizing, statistics, Python (bench/round_split.py).
+    # Σ s in the target's pass itself (its model's forward or compiled runner, the device
+    # synchronized after it), in making that pass's inputs (tensors, masks, padding) and reading
+    # its rows, in the proposer, and in the acceptance rule with the caches' bookkeeping (keep the
+    # accepted path, crop, roll back). The rest of decode_s is the loop's own work: sizing,
+    # statistics, Python (bench/round_split.py).
     pass_s: float = 0.0
+    inputs_s: float = 0.0
     draft_s: float = 0.0
     accept_s: float = 0.0
 

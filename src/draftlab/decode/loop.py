@@ -147,9 +147,11 @@ class SpeculativeDecoder:
             tree = proposal.parents if proposal.is_tree else None
             layers = proposer.feature_layers
             asks = {"features": layers} if layers else {}
-            t_pass = synchronized_clock(devices)
+            t_pass, model_s = synchronized_clock(devices), getattr(target, "model_s", None)
             target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree, **asks)
             t_accept = synchronized_clock(devices)
+            # The pass itself, where the target times its model's own call (another engine's: all of it).
+            pass_s = t_accept - t_pass if model_s is None else target.model_s - model_s
             verdict = self.rule.verify(proposal, target_logits, params, sampler, position=len(sequence))
             kept = verdict.kept()
             if tree is not None:
@@ -188,7 +190,8 @@ class SpeculativeDecoder:
             target.crop(len(sequence) - 1)
             proposer.rollback(len(sequence) - 1)
             if t_first is not None:  # a decode round: where its time went
-                stats.pass_s += t_accept - t_pass
+                stats.pass_s += pass_s
+                stats.inputs_s += max(t_accept - t_pass - pass_s, 0.0)
                 stats.draft_s += self._draft_s
                 stats.accept_s += accept_s + time.perf_counter() - t_crop
             if sizer is not None and choice is not None and t_first is not None:

@@ -160,6 +160,7 @@ class CompiledSteps:
     compile_seconds: dict[int, float] = field(default_factory=dict)
     loaded: dict[int, bool] = field(default_factory=dict)  # cache length -> built by an earlier run
     calls: int = 0  # passes run through a package
+    run_s: float = 0.0  # Σ s inside the package's runner: the pass itself, without its inputs' making
     # Whether one-token chain passes run padded to two (`pads`), decided by timing both when the
     # first package is warmed (None: not yet); the medians timed, ms.
     pad_single: bool | None = None
@@ -236,9 +237,10 @@ class CompiledSteps:
         if n < pad_to:
             return self._padded(cache, input_ids, positions, mask, pad_to)
         runner = self.runner(cache)
-        out = runner(
-            input_ids, *_cache_args(cache), *self._mask_args(cache, input_ids.shape[1], positions, mask)
-        )
+        args = (input_ids, *_cache_args(cache), *self._mask_args(cache, input_ids.shape[1], positions, mask))
+        t0 = time.perf_counter()
+        out = runner(*args)
+        self.run_s += time.perf_counter() - t0
         self.calls += 1
         return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
 
