@@ -17,6 +17,7 @@ Prompts run eagerly over the same cache; rollback is the cache's `crop`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from types import SimpleNamespace
 
 import torch
 from filelock import FileLock
+from torch.utils import _pytree as pytree
 from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
@@ -379,7 +381,30 @@ def ready_package(path: Path, build) -> tuple[object, bool]:
         earlier = path.exists()
         if not earlier:
             build(path)
-    return torch._inductor.aoti_load_package(str(path)), earlier
+    return FlatRunner(torch._inductor.aoti_load_package(str(path))), earlier
+
+
+class FlatRunner:
+    """An AOTInductor package called with its tensors as they are.
+
+    torch's wrapper parses the package's input and output specs (JSON strings) and walks both trees
+    at every call: about 1 ms of a 27 ms one-token pass of the default target on a Xeon, whose
+    outputs hold every layer's hidden states. Our passes take positional tensors, so the specs are
+    read once, here, and each call hands the loader the leaves of its arguments; a flat tuple of
+    outputs comes back as one without a walk."""
+
+    def __init__(self, package) -> None:
+        self.package = package
+        self.loader = package.loader
+        out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+        self.out_spec = out_spec
+        self.flat_out = out_spec.type is tuple and all(c.is_leaf() for c in out_spec.children())
+
+    def __call__(self, *args):
+        # The package's inputs are the leaves of (args, kwargs), and it takes no keywords; ours are
+        # tensors and lists of tensors (the cache's layers), flattened here without a tree walk.
+        flat = self.loader.boxed_run([t for a in args for t in (a if isinstance(a, list) else (a,))])
+        return tuple(flat) if self.flat_out else pytree.tree_unflatten(flat, self.out_spec)
 
 
 def write_package(program, path: Path, dtype: str) -> None:
@@ -419,11 +444,26 @@ def pads(one_ms: float, two_ms: float) -> bool:
 
 def chain_inputs(cache: StaticCache, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions [1, n] and the additive mask [1, 1, n, bucket] of n chain tokens fed after what
-    the cache holds: each sees every earlier slot and itself."""
+    the cache holds: each sees every earlier slot and itself. Rows of one causal table per bucket
+    (a view, contiguous), where the table is small: building the mask took 0.6 ms of every pass."""
     past = int(cache.layers[0].cumulative_length) if cache.layers[0].is_initialized else 0
     device = cache.layers[0].keys.device if cache.layers[0].is_initialized else None
-    allowed = torch.ones(n, capacity(cache), dtype=torch.bool, device=device).tril(diagonal=past)
+    length = capacity(cache)
+    if length <= CAUSAL_TABLE_MAX and past + n <= length:
+        positions, table = _causal_table(length, dtype, device)
+        return positions[None, past : past + n], table[None, None, past : past + n]
+    allowed = torch.ones(n, length, dtype=torch.bool, device=device).tril(diagonal=past)
     return torch.arange(past, past + n, device=device)[None], additive(allowed, dtype)[None, None]
+
+
+CAUSAL_TABLE_MAX = 2048  # slots: a table of 2048² float32 is 16 MB
+
+
+@functools.lru_cache(maxsize=4)
+def _causal_table(length: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions 0..length-1 and the additive causal mask [length, length]: row r sees slots 0..r."""
+    allowed = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return torch.arange(length, device=device), additive(allowed, dtype)
 
 
 def bucket_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
