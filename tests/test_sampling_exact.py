@@ -267,3 +267,14 @@ def test_keyed_noise_is_a_prefix_across_vocabulary_widths():
     assert np.array_equal(other.noise(5, 100), wide)  # grown past what it held: the same values
     assert not np.array_equal(sampler.noise(6, 100), wide)
     assert not np.array_equal(KeyedSampler(8).noise(5, 100), wide)
+
+
+def test_keyed_sampling_takes_any_seed_and_never_a_token_of_probability_zero():
+    probs = torch.tensor([0.0, 0.3, 0.0, 0.7])
+    assert KeyedSampler(-3).draw(probs, 5) in (1, 3)  # a negative seed, as torch takes one
+
+    class ZeroNoise(KeyedSampler):  # an exponential draw of exactly 0, on every token
+        def noise(self, position, width):
+            return np.zeros(width)
+
+    assert ZeroNoise(1).draw(probs, 0) in (1, 3)

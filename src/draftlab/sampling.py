@@ -118,7 +118,8 @@ class KeyedSampler(Sampler):
     def __init__(self, seed: int | None) -> None:
         super().__init__(seed)
         # Without a seed, one drawn now: the run is then its own, as any unseeded run.
-        self.key = int(np.random.SeedSequence().entropy) if seed is None else seed
+        # SeedSequence takes non-negative integers; a negative seed (torch takes one) maps to one.
+        self.key = int(np.random.SeedSequence().entropy) if seed is None else seed % 2**64
         self._noise: dict[int, np.ndarray] = {}
 
     def noise(self, position: int, width: int) -> np.ndarray:
@@ -139,7 +140,10 @@ class KeyedSampler(Sampler):
         if position is None:
             return super().draw(probs)
         row = probs.detach().to("cpu", torch.float64).numpy()
-        return int(np.argmax(row / self.noise(position, row.shape[-1])))
+        # A token of probability 0 (top-k, top-p) scores 0, even against a noise of exactly 0.
+        with np.errstate(divide="ignore"):  # p > 0 over a noise of 0 wins: an event of probability 0
+            race = np.divide(row, self.noise(position, row.shape[-1]), out=np.zeros_like(row), where=row > 0)
+        return int(np.argmax(race))
 
     def picks(self, logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int]:
         """The token at each row's position: each row warped alone, as plain decoding's one row is,

@@ -231,6 +231,9 @@ class Audit:
         decoder = build_decoder(config, t_reuse, d_reuse)  # no cost model: every round drafts its k
         if rule is not None:
             decoder.rule = rule
+            # The wrong rule is wrong in the classic rule's residual, which keyed sampling (what an
+            # exact run samples with, and what the methods are tested in there) never reaches.
+            decoder.keyed = False
         self.bar.say(label)
         seeds = range(self.args.seed, self.args.seed + self.args.samples)
         run = sample_pairs(decoder, ids, self.params, seeds, on_sample=self.bar.step)

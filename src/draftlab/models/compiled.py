@@ -323,7 +323,8 @@ class CompiledSteps:
                 [layer.cumulative_length.clone() for layer in layers],
                 [layer.keys.clone() for layer in layers],
                 [layer.values.clone() for layer in layers],
-                *self._mask_args(cache, EXAMPLE_PASS),
+                # Fresh, contiguous copies: the mask may be a view of a cached table (chain_inputs).
+                *(t.clone() for t in self._mask_args(cache, EXAMPLE_PASS)),
             )
             fixed = [None] * len(layers)
             tokens = torch.export.Dim("tokens", min=1, max=MAX_PASS)
