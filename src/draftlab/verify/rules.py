@@ -45,14 +45,29 @@ class AcceptanceRule:
 
 def _picks(
     logits: torch.Tensor, params: SamplingParams, sampler: Sampler | None, positions: list[int]
-) -> list[int] | None:
+) -> list[int] | _KeyedPicks | None:
     """The target's own token per row where it is fixed before looking at the proposal: its argmax
     (greedy), or its keyed sample; None for the classic rule's coins."""
     if params.greedy:
         return argmax_rows(logits)
     if getattr(sampler, "keyed", False):
-        return sampler.picks(logits, params, positions)
+        return _KeyedPicks(logits, params, sampler, positions)
     return None
+
+
+class _KeyedPicks:
+    """Keyed samples drawn row by row as the rule reads them: a round stops at its first mismatch,
+    and each row's warp (a sort over the vocabulary with top-p) is not free."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams, sampler, positions: list[int]) -> None:
+        self.logits, self.params, self.sampler, self.positions = logits, params, sampler, positions
+        self.drawn: dict[int, int] = {}
+
+    def __getitem__(self, row: int) -> int:
+        if row not in self.drawn:
+            rows = self.logits[row : row + 1]
+            self.drawn[row] = self.sampler.picks(rows, self.params, [self.positions[row]])[0]
+        return self.drawn[row]
 
 
 class SpeculativeRule(AcceptanceRule):
