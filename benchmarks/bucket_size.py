@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from draftlab.cli.common import DEFAULT_TARGET
 from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import DecoderConfig
 from draftlab.models.compiled import PASS_SIZES, compiled_steps
 from draftlab.models.loading import ModelSpec, load_model
+from draftlab.plan.roles import DEFAULT_TARGET
 from draftlab.sampling import SamplingParams
 
 
@@ -59,7 +59,9 @@ def main() -> None:
             times[bucket].append(time.perf_counter() - t0)
             assert out.stats.new_tokens == args.new
     base = statistics.median(times[buckets[0]])
-    print(f"{lm.spec.name} {args.dtype}, prompt {args.prompt} + {args.new} new tokens, torch {torch.__version__}")
+    print(
+        f"{lm.spec.name} {args.dtype}, prompt {args.prompt} + {args.new} new tokens, torch {torch.__version__}"
+    )
     for bucket in buckets:
         median = statistics.median(times[bucket])
         print(

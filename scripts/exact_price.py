@@ -14,12 +14,12 @@ import argparse
 import json
 
 from draftlab.bench.suites import load_suite
-from draftlab.cli.common import DEFAULT_TARGET
 from draftlab.decode.build import build_decoder, warm_compiled_passes
 from draftlab.decode.spec import DecoderConfig
 from draftlab.models.compiled import MAX_PASS
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.roles import DEFAULT_TARGET
 from draftlab.sampling import SamplingParams
 
 

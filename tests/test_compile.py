@@ -7,7 +7,6 @@ decoding's tokens up to a near-tie, and its logits must agree within the dtype's
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -19,7 +18,6 @@ from transformers import DynamicCache, StaticCache
 
 from draftlab.bench.records import read_records
 from draftlab.cli import main
-from draftlab.cli.common import cost_model
 from draftlab.decode.build import build_decoder
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DecoderConfig
@@ -41,6 +39,7 @@ from draftlab.models.cost_curve import CostCurve, Profile, verify_slope
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import QUICK_SIZES, find_cached, measure, profile_path, profile_points, save
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.profiles import cost_model
 from draftlab.sampling import SamplingParams
 
 TREE_METHODS = ("pld-tree", "suffix", "hybrid", "sps-tree", "eagle-tree")
@@ -299,14 +298,14 @@ def test_bench_compile_adds_compiled_ar_compiled_before_timing(tiny_pair, tmp_pa
 def test_bench_compile_gives_compiled_eagle_its_head(story_model, story_head):
     """`bench --compile --methods ar,eagle` adds 'eagle compiled' drafting with the head (it once
     got the draft model and refused to run)."""
-    from draftlab.cli import bench, build_parser
+    from draftlab.cli import build_parser
+    from draftlab.engines.hf.engine import hf_variants
+    from draftlab.plan.configs import decoder_config, sampling_from
 
     argv = ["bench", "--target", str(story_model.path), "--head", story_head.path, "--dtype", "float32"]
     args = build_parser().parse_args([*argv, "--methods", "ar,eagle", "--compile", "--fixed-k"])
-    configs = {m: bench.decoder_config(args, m) for m in ("ar", "eagle")}
-    variants = {
-        v.label: v for v in bench.hf_variants(args, configs, story_model, None, bench.sampling_from(args))
-    }
+    configs = {m: decoder_config(args, m) for m in ("ar", "eagle")}
+    variants = {v.label: v for v in hf_variants(args, configs, story_model, None, sampling_from(args))}
     assert {"ar compiled", "eagle compiled"} <= set(variants)
     for label in ("eagle", "eagle compiled"):
         head = variants[label].draft
@@ -371,9 +370,8 @@ def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp
     assert profile_path(lm, compiled=True) != profile_path(lm)
     # Predictions beside another engine read the eager profile, even where a compiled one is newer.
     assert find_cached(lm.spec.name, "float32").curve.ms == curves[False].ms
-    args = argparse.Namespace()
-    assert cost_model(args, lm, None).target.ms == curves[False].ms
-    assert cost_model(args, lm, None, compiled=True).target.ms == curves[True].ms
+    assert cost_model(False, lm, None).target.ms == curves[False].ms
+    assert cost_model(False, lm, None, compiled=True).target.ms == curves[True].ms
     # What the two curves decide: verifying 4 drafts costs 1.03x a plain step eager, 2.4x compiled.
     assert verify_slope(curves[False], 4, 64) < 1.1 < 2 < verify_slope(curves[True], 4, 64)
 
@@ -485,7 +483,7 @@ def test_bench_runs_compiled_by_default_where_the_profiles_predict_it_faster(
     says how to get one; where compiled plain decoding is predicted faster, every method of our loop
     runs compiled only, ar both ways; where slower, eager; --compile and --no-compile decide alone."""
     from draftlab.cli import build_parser
-    from draftlab.cli.bench_compile import compile_choice
+    from draftlab.plan.compile import compile_choice
 
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
     target = str(tiny_pair["llama"][0])

@@ -8,12 +8,12 @@ import argparse
 
 import pytest
 
-from draftlab.cli import common
 from draftlab.hardware import compile_skip_reason
 from draftlab.models.compiled import choose_bucket, keep_longest, static_length
 from draftlab.models.cost_curve import CostCurve, Profile, pick_dtype
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import save
+from draftlab.plan import dtypes as common
 
 ZEN3 = ["avx2"]
 XEON_AVX512 = ["avx2", "avx512f"]

@@ -451,7 +451,7 @@ def test_gguf_type_runs_the_catalogue_target_from_an_export(tmp_path, target, ca
 def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles, capsys):
     """`--gguf-type auto`: the Q4_1 file or the BF16 copy, whichever plain decoding its profile
     predicts faster (synthetic profiles here, each way round); a GGUF file runs as it is."""
-    from draftlab.cli.llamacpp_engine import resolve_storage
+    from draftlab.engines.llamacpp.engine import resolve_storage
     from draftlab.engines.llamacpp.load import load_llamacpp
 
     bf16 = load_llamacpp(TARGET, storage="bf16")
@@ -471,7 +471,7 @@ def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles
 
 
 def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
-    from draftlab.cli.bench_llamacpp import other_storages
+    from draftlab.engines.llamacpp.engine import other_storages
 
     def lm(name, storage):
         return SimpleNamespace(spec=SimpleNamespace(name=name, storage=storage))
@@ -486,8 +486,8 @@ def test_best_ar_counts_the_other_storage_of_a_catalogue_target():
 
 
 def test_the_default_run_adds_llamacpp_ar_only_when_it_can(monkeypatch):
-    from draftlab.cli import bench_llamacpp as bench
-    from draftlab.cli import llamacpp_engine
+    from draftlab.engines.llamacpp import engine as bench
+    from draftlab.engines.llamacpp import engine as llamacpp_engine
 
     args = SimpleNamespace(engines=None, methods=None)
     default = SimpleNamespace(spec=SimpleNamespace(name=TARGET, device="cpu"))

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from draftlab.cli import common
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import (
     SPOT_BAND,
@@ -19,6 +18,7 @@ from draftlab.models.profile import (
     save,
     spot_ratio,
 )
+from draftlab.plan import profiles as common
 
 
 @pytest.fixture

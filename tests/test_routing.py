@@ -246,7 +246,7 @@ def test_a_run_without_llamacpp_says_first_that_best_ar_covers_only_our_engines(
 ):
     """The newcomer's run without llama.cpp named a "winner" that beat only our own plain decoding."""
     from draftlab.bench.run_header import header_rows
-    from draftlab.cli import llamacpp_engine
+    from draftlab.engines.llamacpp import engine as llamacpp_engine
 
     profiles("float32")
     monkeypatch.setattr(llamacpp_engine, "installed", lambda: False)

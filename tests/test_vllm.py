@@ -23,7 +23,7 @@ def test_vllms_global_counters_match_the_per_request_counts():
     from draftlab.decode.spec import DecoderConfig
     from draftlab.engines.vllm.config import EngineArgs
     from draftlab.engines.vllm.counters import COUNTERS, PER_POSITION, read_counters
-    from draftlab.engines.vllm.engine import EnginePool, VllmDecoder
+    from draftlab.engines.vllm.decoder import EnginePool, VllmDecoder
     from draftlab.models.loading import resolve_path
     from draftlab.sampling import SamplingParams
 

@@ -20,26 +20,22 @@ from draftlab import __version__
 from draftlab.audit.checks import MethodAudit, load_prompts, parse_methods, verdict
 from draftlab.audit.report import print_report
 from draftlab.audit.runner import Audit, AuditSettings, Parts, versions
-from draftlab.cli import llamacpp_engine
 from draftlab.cli.audit_server import run_server_audit
-from draftlab.cli.common import (
-    add_method_args,
-    add_model_args,
-    cost_model,
-    decoder_config,
-    load_pair,
-    load_spec,
-    model_names,
-)
+from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
+from draftlab.cli.engine_option import IN_PROCESS, add_engine_arg
 from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import method_spec
+from draftlab.engines.llamacpp import engine as llamacpp_engine
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.errors import DraftlabError
 from draftlab.files import file_lock, write_text
 from draftlab.hardware import hardware
 from draftlab.models.prompting import encode_prompt
 from draftlab.outputs import check_new_file
+from draftlab.plan.configs import decoder_config
+from draftlab.plan.profiles import cost_model, load_spec
+from draftlab.plan.roles import load_pair, model_names
 from draftlab.sampling import SamplingParams
 
 
@@ -78,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
-    llamacpp_engine.add_engine_arg(p, (*llamacpp_engine.ENGINES, "llama-server"))
+    add_engine_arg(p, (*IN_PROCESS, "llama-server"))
     p.set_defaults(max_new_tokens=256, temperature=1.0, func=run)
     for action in p._actions:
         if action.dest == "max_new_tokens":
@@ -170,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     for ids in prompts:
         ar.check_prompt(ids, args.max_new_tokens)
     adaptive = any(c.adaptive for c in configs.values())
-    cost = cost_model(args, target, draft) if adaptive else None
+    cost = cost_model(args.fixed_k, target, draft) if adaptive else None
 
     audits = [MethodAudit(m, method_spec(m).lossless) for m in methods]
     prefixes = prompts[: args.prefixes] if args.samples else []
@@ -185,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     parts = Parts(
         config_of=lambda method: decoder_config(args, method),
-        cost_of=lambda t, d: cost_model(args, t, d),
+        cost_of=lambda t, d: cost_model(args.fixed_k, t, d),
         load=load_spec,
         one_thread=_one_thread,
     )

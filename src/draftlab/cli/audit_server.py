@@ -14,12 +14,12 @@ from rich.console import Console
 from draftlab import __version__
 from draftlab.audit.checks import MethodAudit, verdict
 from draftlab.audit.server import RECHECK, ServerAudit
-from draftlab.cli.bench_llama_server import method_server_args, server_methods, server_target
 from draftlab.cli.engines import load_shells
 from draftlab.decode.spec import method_spec
 from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import q4_1_copy
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
+from draftlab.engines.llama_server.engine import method_server_args, server_methods, server_target
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.hardware import hardware
 from draftlab.models.cache import home

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftlab import engines as registry
 from draftlab.errors import DraftlabError
 from draftlab.outputs import check_folder, held_folder
 
@@ -244,7 +245,13 @@ def _run_head(args: argparse.Namespace) -> int:
 
     train = HeadTrainConfig(**_training(args), ttt_steps=args.ttt_steps)
     opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
-    result = distill_head(distill_config(args), opts)
+    cfg = distill_config(args)
+    result = distill_head(cfg, opts)
+    # Each engine that serves heads writes its copy beside it (llama-server: a GGUF).
+    for name in registry.engine_names():
+        export = getattr(registry.get(name), "export_head", None)
+        if export is not None:
+            result.update(export(cfg.out, cfg.target))
     if args.json:
         print(json.dumps(result, default=str))
         return 0

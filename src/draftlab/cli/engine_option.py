@@ -1,16 +1,8 @@
-"""The one `--engine` option: each command offers the engines it can run."""
+"""The one `--engine` option: each command offers the engines it can run, with each engine's own help."""
 
 from __future__ import annotations
 
-ENGINE_HELP = {
-    "hf": "draftlab's own decode loop over transformers models (default)",
-    "vllm": "the same methods through vLLM's offline LLM API",
-    "llamacpp": "our loop over the GGUF target run by llama.cpp (default: the default target's own Q4_1 "
-    "GGUF), with a .gguf or transformers draft (scripts/install-llamacpp.sh)",
-    "llama-server": "llama.cpp's server, started and stopped by draftlab, one at a time, with its own "
-    "drafters (ngram-mod, ngram-simple, ngram-map-k, ngram-cache; sps: draft-simple with our draft, "
-    "eagle: draft-eagle3 with our head) on the target's BF16 copy (scripts/install-llamacpp.sh builds it)",
-}
+from draftlab import engines as registry
 
 
 def add_engine_option(group, engines: tuple[str, ...]) -> None:
@@ -18,5 +10,17 @@ def add_engine_option(group, engines: tuple[str, ...]) -> None:
         "--engine",
         choices=engines,
         default="hf",
-        help="; ".join(f"{name}: {ENGINE_HELP[name]}" for name in engines),
+        help="; ".join(f"{name}: {registry.get(name).help}" for name in engines),
     )
+
+
+# The engines that run one generation in this process: generate, profile and audit offer them.
+IN_PROCESS = ("hf", "llamacpp")
+
+
+def add_engine_arg(p, engines: tuple[str, ...] = IN_PROCESS) -> None:
+    """--engine and the options of the engines that run in this process."""
+    g = p.add_argument_group("engine")
+    add_engine_option(g, engines)
+    for name in IN_PROCESS:
+        registry.get(name).add_args(g)

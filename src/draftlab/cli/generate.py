@@ -10,27 +10,22 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from draftlab.cli import llamacpp_engine
-from draftlab.cli.common import (
-    add_compile_arg,
-    add_method_args,
-    add_model_args,
-    compile_seconds,
-    cost_model,
-    decoder_config,
-    load_head,
-    load_pair,
-    sampling_from,
-)
+from draftlab.cli.common import add_compile_arg, add_method_args, add_model_args
+from draftlab.cli.engine_option import add_engine_arg
 from draftlab.cli.engines import check_methods
 from draftlab.decode.build import build_decoder, check_fits, compiled_passes, warm_compiled_passes
 from draftlab.decode.spec import method_names
+from draftlab.engines.llamacpp import engine as llamacpp_engine
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
 from draftlab.models import exact
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import check_context
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.compile import compile_seconds
+from draftlab.plan.configs import decoder_config, sampling_from
+from draftlab.plan.profiles import cost_model
+from draftlab.plan.roles import load_head, load_pair
 from draftlab.progress import progress_bar
 
 
@@ -49,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "1-2 min on 2 cores, untimed) and "
         "loaded by later runs; the time is reported",
     )
-    llamacpp_engine.add_engine_arg(p)
+    add_engine_arg(p)
     p.set_defaults(func=run)
 
 
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     # On llama.cpp the target's curve is llama.cpp's own (`draftlab profile --engine llamacpp`).
     # With --compile, the curve of the compiled passes (measured once, compiling them).
     second = draft if config.needs_draft else None
-    cost = cost_model(args, target, second, compiled=config.compile) if config.adaptive else None
+    cost = cost_model(args.fixed_k, target, second, compiled=config.compile) if config.adaptive else None
     decoder = build_decoder(config, target, draft, cost)
     compiled = None
     if config.compile or config.exact:

@@ -11,7 +11,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from draftlab.cli.common import DEFAULT_TARGET
 from draftlab.engines.llamacpp.export import OUTTYPES, export_gguf
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.errors import DraftlabError
@@ -20,6 +19,7 @@ from draftlab.models.cached import cached
 from draftlab.models.gguf import verification_prompts
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.outputs import check_new_file
+from draftlab.plan.roles import DEFAULT_TARGET
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -13,17 +13,11 @@ from rich.table import Table
 
 from draftlab.bench.runner import plan_need
 from draftlab.bench.suites import load_suite
-from draftlab.cli import llamacpp_engine
-from draftlab.cli.common import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    add_compile_arg,
-    add_model_args,
-    head_name,
-    load_spec,
-)
+from draftlab.cli.common import add_compile_arg, add_model_args
+from draftlab.cli.engine_option import add_engine_arg
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.drafters.eagle3.io import load_head_lm
+from draftlab.engines.llamacpp import engine as llamacpp_engine
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
@@ -32,6 +26,8 @@ from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verif
 from draftlab.models.loading import ModelSpec, candidate_dtypes, compute_dtype
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
+from draftlab.plan.profiles import load_spec
+from draftlab.plan.roles import DEFAULT_DRAFT, DEFAULT_TARGET, head_name
 
 BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
 
@@ -41,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="measure ms per forward pass here, and the acceptance at which speculation pays"
     )
     add_model_args(p)
-    llamacpp_engine.add_engine_arg(p)
+    add_engine_arg(p)
     p.add_argument("--full", action="store_true", help="N up to 128 and contexts up to the model's limit")
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile fits")
     add_compile_arg(
@@ -242,7 +238,7 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
         return
     for dtype in dtypes:
         names = [("target", target_name)] + ([("draft", draft_name)] if draft_name else [])
-        # A 4-bit target's draft computes in the storage's dtype, as bench runs it (cli/common.load_draft).
+        # A 4-bit target's draft computes in the storage's dtype, as bench runs it (plan/roles.load_draft).
         models = [
             (
                 role,

@@ -19,13 +19,14 @@ from draftlab.bench.concurrency import ConcurrencyPlan, run_concurrency
 from draftlab.bench.records import RUN_FILE, RunInfo
 from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
-from draftlab.bench.suites import SUBTASKS, load_suite
+from draftlab.bench.suites import SUBTASKS
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.errors import DraftlabError
 from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
 from draftlab.outputs import check_folder, held_folder
+from draftlab.plan.prompts import DEFAULT_LIMIT
 
 
 def add_run_command_args(
@@ -80,13 +81,6 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-DEFAULT_LIMIT = 2
-
-
-def prompt_limit(args: argparse.Namespace) -> int:
-    return DEFAULT_LIMIT if args.limit is None else args.limit
-
-
 def add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="results folder (default: runs/<kind>-<time>)")
@@ -100,16 +94,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per variant")
     g.add_argument("--per-example", action="store_true", help="also print the per-example timing table")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def parse_list(text: str, kind, name: str) -> list:
-    try:
-        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DraftlabError(f"invalid {name} list: '{text}'") from None
-    if not values:
-        raise DraftlabError(f"empty {name} list")
-    return values
 
 
 def check_out(args: argparse.Namespace) -> None:
@@ -136,44 +120,6 @@ def claimed_out(args: argparse.Namespace, kind: str) -> Iterator[Path]:
         args.out = str(Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
     with held_folder(Path(args.out), kind) as out:
         yield out
-
-
-def suite_examples(args: argparse.Namespace):
-    subtasks = [s.strip() for s in args.subtasks.split(",")] if args.subtasks else None
-    return load_suite(
-        args.suite,
-        subtasks,
-        None if args.full else prompt_limit(args),
-        hf_field=args.hf_field,
-        hf_subtask=args.hf_subtask,
-        hf_instruction=args.hf_instruction,
-    )
-
-
-def held_out_examples(args: argparse.Namespace, run: list, per_subtask: int) -> list:
-    """The suite's last `per_subtask` examples of each of the run's subtasks that the run leaves out:
-    prompts of the same kind as the measured ones, none of them measured (for choosing settings).
-    Empty for a Hugging Face suite (its whole split is not read for this) or where none is left out."""
-    if args.suite.startswith("hf:"):
-        return []
-    subtasks = list(dict.fromkeys(e.subtask for e in run))
-    measured = {e.id for e in run}
-    rest = [e for e in load_suite(args.suite, subtasks, None) if e.id not in measured]
-    chosen = []
-    for subtask in subtasks:
-        chosen += [e for e in rest if e.subtask == subtask][-per_subtask:]
-    return chosen
-
-
-def variant_params(args: argparse.Namespace, config, **extra) -> dict:
-    params = {
-        **config.settings(),
-        "attn_implementation": args.attn_implementation or "default",
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-    }
-    params.update(extra)
-    return params
 
 
 def execute(

@@ -5,33 +5,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from draftlab import engines as registry
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli import engines as engine_cli
-from draftlab.cli.bench_llama_server import default_methods as default_server_methods
-from draftlab.cli.bench_llama_server import grid_variants as server_grid
-from draftlab.cli.bench_llama_server import server_methods, server_variants
-from draftlab.cli.common import (
-    cost_model,
-    decoder_config,
-    load_draft,
-    load_pair,
-    load_role,
-    model_names,
-    sampling_from,
-    threshold,
-)
-from draftlab.cli.run_setup import (
-    add_run_command_args,
-    execute,
-    parse_list,
-    suite_examples,
-    variant_params,
-)
+from draftlab.cli.common import threshold
+from draftlab.cli.run_setup import add_run_command_args, execute
 from draftlab.decode.build import check_fits
 from draftlab.decode.spec import method_spec
+from draftlab.engines.base import BenchRequest
 from draftlab.errors import DraftlabError
-from draftlab.models.profile import find_cached
-from draftlab.models.prompting import encode_prompt
+from draftlab.plan.configs import decoder_config, parse_list, sampling_from, variant_params
+from draftlab.plan.profiles import cost_model
+from draftlab.plan.prompts import suite_examples
+from draftlab.plan.roles import load_draft, load_pair, load_role, load_shells, model_names
 from draftlab.sampling import SamplingParams
 
 KINDS = ("gamma", "bild", "confidence", "temperature", "ablation", "sizing", "tree", "concurrency")
@@ -83,16 +69,19 @@ def run(args: argparse.Namespace) -> int:
     # setting's full length; the temperature sweep keeps the default cost-aware sizing.
     if args.kind not in ("temperature", "sizing"):
         args.fixed_k = True
-    on_server = args.kind == "gamma" and engine_cli.engines_of(args) == ["llama-server"]
-    if args.kind != "concurrency" and not on_server and (args.engine != "hf" or args.engines):
+    engines = engine_cli.engines_of(args)
+    grid = registry.get(engines[0]) if len(engines) == 1 else None
+    on_grid = args.kind == "gamma" and grid is not None and hasattr(grid, "gamma_grid")
+    if args.kind != "concurrency" and not on_grid and (args.engine != "hf" or args.engines):
         raise DraftlabError(
-            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes --engine vllm or "
-            "llama-server, sweep gamma --engine llama-server)"
+            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes a batching engine: "
+            f"--engine {' or '.join(_batching())}; sweep gamma also takes --engine "
+            f"{' or '.join(n for n in registry.engine_names() if hasattr(registry.get(n), 'gamma_grid'))})"
         )
     examples = suite_examples(args)
     sampling = sampling_from(args)
-    if on_server:
-        return _server_grid(args, examples, sampling)
+    if on_grid:
+        return _engine_grid(args, grid, examples, sampling)
     base = decoder_config(args, "ar")
     if args.kind == "gamma":
         gammas = parse_list(args.gammas, int, "gamma")
@@ -148,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = decoder_config(args, args.method)
         target, draft = load_pair(args, need_draft=cfg.needs_draft)
         check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
-        cost = cost_model(args, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
+        cost = cost_model(args.fixed_k, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
         variants, baselines = [], {}
         for t in temperatures:
             params = SamplingParams(t, args.top_k, args.top_p, args.seed)
@@ -174,7 +163,7 @@ def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int
     target, draft = load_pair(args, need_draft=True)
     check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     base = decoder_config(args, "ar")
-    cost = cost_model(args, target, draft)
+    cost = cost_model(args.fixed_k, target, draft)
     variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
     for method in ("sps", "pld"):
         for fixed in (True, False):
@@ -217,21 +206,25 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     )
 
 
+def _batching() -> list[str]:
+    return [name for name in registry.engine_names() if registry.get(name).batches]
+
+
 def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
     """Each method with 1, 4, 16, ... requests submitted at once, through a batching engine."""
     engines = engine_cli.engines_of(args)
-    if engines not in (["vllm"], ["llama-server"]):
+    if len(engines) != 1 or not registry.get(engines[0]).batches:
         raise DraftlabError(
-            "sweep concurrency needs --engine vllm or --engine llama-server: the hf engine decodes one "
+            f"sweep concurrency needs --engine {' or '.join(_batching())}: the hf engine decodes one "
             "request at a time"
         )
     levels = parse_list(args.concurrency, int, "concurrency")
     for level in levels:
         if level < 1:
             raise DraftlabError(f"concurrency must be >= 1, got {level}")
-    engine = engines[0]
+    engine = registry.get(engines[0])
     if args.methods is None:
-        args.methods = default_server_methods(args) if engine == "llama-server" else "ar,pld,sps"
+        args.methods = engine.methods(args)
     methods = parse_list(args.methods, str, "method")
     for m in methods:
         method_spec(m)
@@ -241,37 +234,20 @@ def _concurrency(args: argparse.Namespace, examples, sampling: SamplingParams) -
     engine_cli.check_engine_args(args, engines)
     configs = {m: decoder_config(args, m) for m in methods}
     need_draft = any(c.needs_draft for c in configs.values())
-    target, draft = engine_cli.load_shells(args, need_draft)
-    if engine == "llama-server":
-        # llama-server's own settings: the choice by cost is made one request at a time, and a busy
-        # server is what this sweep asks about.
-        args.server_settings = "default"
-        variants, made = server_variants(args, configs, target, draft, sampling)
-        extra = {"engines": engines, "llama_server": made["record"], "levels": levels}
-        extra["interleaving"] = "methods alternate level by level (one server at a time, -np = level)"
-        with engine_cli.closing(made["pool"]):
-            return execute(
-                args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels
-            )
-    dtype = engine_cli.vllm_dtype(args, target, hf_ran=False)
-    variants, pool = engine_cli.vllm_variants(
-        args, configs, target, draft, sampling, lambda c: variant_params(args, c), dtype
+    target, draft = load_shells(args, need_draft)
+    request = BenchRequest(
+        args, configs, target, draft, sampling, examples, engines, False, False, concurrent=True
     )
-    extra = {
-        "engines": engines,
-        "vllm": pool.args.record(),
-        "levels": levels,
-        "interleaving": "methods alternate level by level (one LLM each, all alive)",
-    }
-    curves = cost_curves(target, draft, pool.dtype, examples, args, variants)
-    if curves:
-        extra["cost_curves"] = curves
-    with engine_cli.closing(pool):
-        return execute(args, "sweep-concurrency", variants, {}, target, draft, examples, extra, levels=levels)
+    made = engine.bench_variants(request)
+    extra = {"engines": engines, **made.extra, "levels": levels}
+    with engine_cli.closing([made.close]):
+        return execute(
+            args, "sweep-concurrency", made.variants, {}, target, draft, examples, extra, levels=levels
+        )
 
 
-def _server_grid(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
-    """llama-server's drafters with drafts capped at each γ (by each drafter's own setting) and, with
+def _engine_grid(args: argparse.Namespace, engine, examples, sampling: SamplingParams) -> int:
+    """An engine's drafters with drafts capped at each γ (by each drafter's own setting) and, with
     --p-mins, a draft model or head at each --spec-draft-p-min."""
     gammas = parse_list(args.gammas, int, "gamma")
     for gamma in gammas:
@@ -281,30 +257,10 @@ def _server_grid(args: argparse.Namespace, examples, sampling: SamplingParams) -
     for p_min in p_mins or []:
         if not 0 <= p_min <= 1:
             raise DraftlabError(f"p-min must be in [0, 1], got {p_min}")
-    methods = server_methods(args)
-    need_draft = any(method_spec(m).needs_draft for m in methods)
-    target, draft = engine_cli.load_shells(args, need_draft)
-    variants, pool, record = server_grid(args, methods, target, draft, sampling, gammas, p_mins)
-    extra = {"engines": ["llama-server"], "llama_server": record, "gammas": gammas, "p_mins": p_mins}
-    baselines = {v.label: variants[0].label for v in variants}
-    with engine_cli.closing(pool):
-        return execute(args, "sweep-gamma", variants, baselines, target, draft, examples, extra)
-
-
-def cost_curves(target, draft, dtype: str, examples, args: argparse.Namespace, variants) -> dict | None:
-    """The hf engine's cached cost curves for this pair on this machine, if it measured them
-    (`draftlab profile`): the concurrency report prints their prediction beside vLLM's curve."""
-    target_profile = find_cached(target.spec.name, dtype)
-    if target_profile is None:
-        return None
-    draft_profile = find_cached(draft.spec.name, dtype) if draft is not None else None
-    prompts = [len(encode_prompt(target, e.turns[0], chat=not args.no_chat)) for e in examples]
-    return {
-        "target": dataclasses.asdict(target_profile.curve),
-        "draft": dataclasses.asdict(draft_profile.curve) if draft_profile else None,
-        "context": round(sum(prompts) / len(prompts) + args.max_new_tokens / 2),
-        "draft_labels": {v.label: v.config.needs_draft for v in variants},
-    }
+    made, target, draft = engine.gamma_grid(args, sampling, examples, gammas, p_mins)
+    extra = {"engines": [engine.name], **made.extra, "gammas": gammas, "p_mins": p_mins}
+    with engine_cli.closing([made.close]):
+        return execute(args, "sweep-gamma", made.variants, made.baselines, target, draft, examples, extra)
 
 
 def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:

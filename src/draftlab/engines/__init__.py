@@ -1,28 +1,70 @@
-"""Engines: what decodes a generation, one folder each. They sit beside `decode`, below `bench`.
+"""Engines: what decodes a generation, one folder each, one `Engine` object each (engines/base.py).
 
 `hf` is draftlab's own loop over transformers models (and transformers' own generate());
 `llamacpp` runs the same loop over a GGUF model that llama.cpp evaluates, and llama.cpp's own
-prompt lookup; `vllm` runs the methods through vLLM's offline `LLM` API. Each returns a
-`Generation` with `GenerationStats` (decode/stats.py), so the runner and the reports never ask
-which engine made a record. Each engine's `methods.py` says which methods it runs (`counterpart`).
+prompt lookup; `llama-server` runs llama.cpp's server and its drafters; `vllm` runs the methods
+through vLLM's offline `LLM` API. Each returns a `Generation` with `GenerationStats`
+(decode/stats.py), so the runner and the reports never ask which engine made a record.
+
+`ENGINE_OBJECTS` is the one list: a new engine is its folder and one line here (or `register` from
+anywhere, as a test's toy engine does). The objects load on first use: `decode/spec.py` imports each
+engine's `methods.py`, which must not pull the commands' layers in with it.
 """
 
 from __future__ import annotations
 
-from draftlab.decode.spec import MethodSpec
-from draftlab.engines.hf import methods as hf
-from draftlab.engines.llama_server import methods as llama_server
-from draftlab.engines.llamacpp import methods as llamacpp
-from draftlab.engines.vllm import methods as vllm
+import importlib
+from typing import TYPE_CHECKING
 
-_ENGINES = {hf.NAME: hf, vllm.NAME: vllm, llamacpp.NAME: llamacpp, llama_server.NAME: llama_server}
-ENGINES = tuple(_ENGINES)
+from draftlab.errors import DraftlabError
+
+if TYPE_CHECKING:
+    from draftlab.decode.spec import MethodSpec
+    from draftlab.engines.base import Engine
+
+ENGINE_OBJECTS = (
+    "draftlab.engines.hf.engine:HfEngine",
+    "draftlab.engines.vllm.engine:VllmEngine",
+    "draftlab.engines.llamacpp.engine:LlamaCppEngine",
+    "draftlab.engines.llama_server.engine:LlamaServerEngine",
+)
+_REGISTRY: dict[str, Engine] = {}
+
+
+def _load() -> dict[str, Engine]:
+    if not _REGISTRY:
+        for entry in ENGINE_OBJECTS:
+            module, cls = entry.split(":")
+            engine = getattr(importlib.import_module(module), cls)()
+            _REGISTRY.setdefault(engine.name, engine)
+    return _REGISTRY
+
+
+def register(engine: Engine) -> None:
+    """Add an engine (an object with the `Engine` protocol's members) to every command that takes one."""
+    _load()[engine.name] = engine
+
+
+def unregister(name: str) -> None:
+    _load().pop(name, None)
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(_load())
+
+
+def get(name: str) -> Engine:
+    engines = _load()
+    if name not in engines:
+        raise DraftlabError(f"unknown engine '{name}' (choose from {', '.join(engines)})")
+    return engines[name]
 
 
 def counterpart(engine: str, spec: MethodSpec) -> str | None:
-    """What `engine` runs for this method: its own name for it, "" for vLLM's plain decoding, None if nothing."""
-    return _ENGINES[engine].counterpart(spec)
+    """What `engine` runs for this method: its own name for it, "" for plain decoding where it has
+    none, None if nothing."""
+    return get(engine).counterpart(spec)
 
 
 def engines_for(spec: MethodSpec) -> tuple[str, ...]:
-    return tuple(name for name in ENGINES if counterpart(name, spec) is not None)
+    return tuple(name for name, engine in _load().items() if engine.counterpart(spec) is not None)

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from rich.console import Console
 
 from draftlab.distill import data as D
 from draftlab.distill.config import DistillConfig
@@ -28,8 +27,6 @@ from draftlab.drafters.eagle3 import features as F
 from draftlab.drafters.eagle3 import train as E
 from draftlab.drafters.eagle3.head import Eagle3Head, default_aux_layers, head_for_target
 from draftlab.drafters.eagle3.io import load_head, load_head_lm, save_head
-from draftlab.engines.llama_server.binary import find_server
-from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
@@ -37,9 +34,6 @@ from draftlab.progress import maybe_progress
 
 CHECKPOINT = "head-checkpoint.pt"
 HELD_OUT_SHARE = 0.05  # of the prompt-file prompts, whose answers are never trained on
-GGUF_NAME = (
-    "head-eagle3-bf16.gguf"  # for llama-server: -md FOLDER/head-eagle3-bf16.gguf --spec-type draft-eagle3
-)
 
 
 @dataclass(frozen=True)
@@ -241,7 +235,6 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
     write_text(cfg.out / "recipe.json", json.dumps(recipe, indent=2, default=str) + "\n")
     write_text(cfg.out / "README.md", _readme(recipe))
     return {
-        "gguf": _llama_server_copy(cfg),
         "out": str(cfg.out),
         "steps": step,
         "final": dict(last),
@@ -250,20 +243,6 @@ def distill_head(cfg: DistillConfig, opts: HeadOptions) -> dict:
         "generation_tokens_per_s": recipe["data"]["generation_tokens_per_s"],
         "seconds": time.time() - started,
     }
-
-
-def _llama_server_copy(cfg: DistillConfig) -> str | None:
-    """The head as a GGUF for llama-server's draft-eagle3, beside it, where llama-server is built (its
-    converter comes with it); a failed conversion is a warning: the head itself is done."""
-    server = find_server()
-    if server is None:
-        return None
-    out = cfg.out / GGUF_NAME
-    try:
-        return str(head_gguf(str(cfg.out), resolve_path(cfg.target), server, out))
-    except DraftlabError as exc:
-        Console(stderr=True).print(f"[yellow]warning:[/] the head was not converted for llama-server: {exc}")
-        return None
 
 
 def _trim_log(path: Path, step: int) -> None:

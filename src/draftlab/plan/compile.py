@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from draftlab.cli.common import machine_profile
+from draftlab.models.compiled import compiled_steps
 from draftlab.models.cost_curve import compiled_wins
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
+from draftlab.plan.profiles import machine_profile
 
 # Where the two profiles are set against each other: a typical prompt and the default answer length.
 PROMPT_TOKENS = 256
@@ -61,3 +62,14 @@ def compile_choice(args: argparse.Namespace, target: LoadedModel) -> CompileChoi
     if compiled_wins(eager.curve, compiled.curve, PROMPT_TOKENS, NEW_TOKENS):
         return CompileChoice(True, False, f"compiled: {figures}")
     return CompileChoice(False, True, f"eager: {figures}")
+
+
+def compile_seconds(target: LoadedModel) -> dict[str, dict]:
+    """Per static-cache length, the seconds its compiled package took to get ready and whether it
+    was built now or loaded, built by an earlier run (models/compiled.py)."""
+
+    steps = compiled_steps(target)
+    return {
+        str(length): {"seconds": round(t, 1), "package": "loaded" if steps.loaded.get(length) else "built"}
+        for length, t in steps.compile_seconds.items()
+    }

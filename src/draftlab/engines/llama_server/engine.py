@@ -1,5 +1,5 @@
-"""`draftlab bench --engines ...,llama-server`: llama-server's plain decoding and its drafters, one
-server at a time, beside our loop's variants in the same report."""
+"""`llama-server`: llama.cpp's server, started and stopped by draftlab one at a time, its plain
+decoding and its own drafters, beside our loop's variants in the same report."""
 
 from __future__ import annotations
 
@@ -14,14 +14,11 @@ from rich.console import Console
 
 from draftlab.bench.records import RUN_FILE
 from draftlab.bench.runner import Variant
-from draftlab.cli.bench_llamacpp import gguf_target
-from draftlab.cli.common import decoder_config, head_name, machine_profile
-from draftlab.cli.engines import check_methods
-from draftlab.cli.run_setup import parse_list, variant_params
-from draftlab.decode.spec import DecoderConfig, method_spec
+from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
 from draftlab.distill.config import package_data
-from draftlab.engines import counterpart
-from draftlab.engines.llama_server.binary import server_binary
+from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.llama_server import methods
+from draftlab.engines.llama_server.binary import find_server, server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
@@ -32,6 +29,7 @@ from draftlab.engines.llama_server.tuning import (
     length_args,
     plain_rates,
 )
+from draftlab.engines.llamacpp.engine import gguf_target
 from draftlab.engines.llamacpp.export import export_gguf
 from draftlab.engines.llamacpp.load import locate
 from draftlab.engines.llamacpp.model import OWN_STORAGE
@@ -40,9 +38,14 @@ from draftlab.files import read_text_file
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.configs import decoder_config, parse_list, variant_params
+from draftlab.plan.profiles import machine_profile
+from draftlab.plan.prompts import held_out_examples
+from draftlab.plan.roles import head_name, load_shells
 from draftlab.progress import progress_bar
 
 SUFFIX = "@" + NAME
+HEAD_GGUF = "head-eagle3-bf16.gguf"  # beside a trained head: -md FOLDER/head-eagle3-bf16.gguf --spec-type draft-eagle3
 DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
 
 
@@ -64,7 +67,9 @@ def server_methods(args: argparse.Namespace) -> list[str]:
     names = [m for m in parse_list(text, str, "method") if m != "ar"]
     for name in names:
         method_spec(name)
-    check_methods(["ar", *names], [NAME])
+    for name in names:
+        if methods.counterpart(method_spec(name)) is None:
+            raise DraftlabError(f"method '{name}' is not available on engine {NAME}")
     return list(dict.fromkeys(names))
 
 
@@ -134,7 +139,7 @@ def draft_gguf(name: str, reference: Path) -> Path:
 def method_server_args(method: str, args: argparse.Namespace, target, draft, binary: Path) -> list[str]:
     """llama-server's options for a method at its own defaults: the drafter's type, and the GGUF of
     our draft (draft-simple) or of our EAGLE-3 head (draft-eagle3), written once."""
-    kind = counterpart(NAME, method_spec(method))
+    kind = methods.counterpart(method_spec(method))
     spec_args: list[str] = [] if not kind else ["--spec-type", kind]
     if kind == "draft-simple":
         if draft is None:
@@ -182,7 +187,7 @@ def grid_variants(
     ]
     for method in methods:
         spec_args = method_server_args(method, args, target, draft, binary)
-        kind = counterpart(NAME, method_spec(method))
+        kind = methods.counterpart(method_spec(method))
         takes_p_min = "draft-" in kind
         for gamma in gammas:
             length = length_args(kind, gamma)
@@ -220,6 +225,7 @@ def server_variants(
     sampling,
     subtasks: list[str] | None = None,
     held_out: list | None = None,
+    settings: str | None = None,
 ) -> tuple[list[Variant], dict]:
     """`subtasks`: the run's, which the settings are calibrated for; `held_out`: examples of the
     suite the run does not measure, to calibrate on."""
@@ -231,14 +237,14 @@ def server_variants(
     tuning: dict[str, dict] = {}
     calibration, source = (
         _calibration_prompts(gguf, subtasks or [], held_out or [])
-        if args.server_settings == "auto"
+        if (settings or args.server_settings) == "auto"
         else ({}, "")
     )
     earlier = _earlier_settings(args)
     plain: dict[str, float] | None = None
     tokens = min(args.max_new_tokens, CALIBRATION_TOKENS)
     for method, config in configs.items():
-        kind = counterpart(NAME, method_spec(method))
+        kind = methods.counterpart(method_spec(method))
         spec_args = method_server_args(method, args, target, draft, binary)
         base = {**variant_params(args, config), "engine": NAME, "quantization": gguf.spec.dtype}
 
@@ -312,3 +318,92 @@ def _cost_curve(gguf) -> dict:
     """The llama.cpp cost curve of the file the server runs (the same ggml kernels), as measured for
     our loop over it: the report prices each server round's verification with it."""
     return dataclasses.asdict(machine_profile(gguf).curve)
+
+
+class LlamaServerEngine:
+    name = NAME
+    suffix = SUFFIX
+    help = (
+        "llama.cpp's server, started and stopped by draftlab, one at a time, with its own drafters "
+        "(ngram-mod, ngram-simple, ngram-map-k, ngram-cache; sps: draft-simple with our draft, eagle: "
+        "draft-eagle3 with our head) on the target's BF16 copy (scripts/install-llamacpp.sh builds it)"
+    )
+    default_methods = DEFAULT_METHODS
+    reads_weights = False
+    predictable = True
+    compiles = False
+    batches = True
+
+    def counterpart(self, spec: MethodSpec) -> str | None:
+        return methods.counterpart(spec)
+
+    def add_args(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--server-settings",
+            choices=("auto", "default"),
+            default="auto",
+            help="llama-server: auto (default) chooses each drafter's --spec-draft-n-max by measured cost "
+            "on calibration prompts (or no drafting where none pays) and runs llama-server's defaults "
+            "beside it; default: its defaults only",
+        )
+
+    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
+        return None
+
+    def methods(self, args: argparse.Namespace) -> str:
+        return default_methods(args)
+
+    def load_pair(self, args, need_draft: bool, engines: list[str]):
+        return None
+
+    def joins(self, args, engines, target) -> list[str]:
+        return []
+
+    def absent(self, target) -> str | None:
+        return None
+
+    def bench_variants(self, request: BenchRequest) -> EngineVariants:
+        args, examples = request.args, request.examples
+        if request.concurrent:
+            # llama-server's own settings: the choice by cost is made one request at a time, and a
+            # busy server is what the sweep asks about.
+            variants, made = server_variants(
+                args, request.configs, request.target, request.draft, request.sampling, settings="default"
+            )
+            extra = {
+                "llama_server": made["record"],
+                "interleaving": "methods alternate level by level (one server at a time, -np = level)",
+            }
+            return EngineVariants(variants, {}, extra, close=made["pool"].close)
+        subtasks = list(dict.fromkeys(e.subtask for e in examples))
+        held_out = held_out_examples(args, examples, CALIBRATION_PER_SUBTASK)
+        variants, made = server_variants(
+            args, request.configs, request.target, request.draft, request.sampling, subtasks, held_out
+        )
+        baselines = {v.label: "ar" + SUFFIX for v in variants}
+        return EngineVariants(variants, baselines, {"llama_server": made["record"]}, close=made["pool"].close)
+
+    def gamma_grid(self, args, sampling, examples, gammas: list[int], p_mins: list[float] | None):
+        """`draftlab sweep gamma --engine llama-server`: the whole grid (grid_variants), and the
+        target and draft it was built for."""
+        methods = server_methods(args)
+        need_draft = any(method_spec(m).needs_draft for m in methods)
+        target, draft = load_shells(args, need_draft)
+        variants, pool, record = grid_variants(args, methods, target, draft, sampling, gammas, p_mins)
+        baselines = {v.label: variants[0].label for v in variants}
+        return EngineVariants(variants, baselines, {"llama_server": record}, close=pool.close), target, draft
+
+    def export_head(self, head: Path, target: str) -> dict[str, str | None]:
+        """A trained EAGLE-3 head as a GGUF for llama-server's draft-eagle3, beside it, where
+        llama-server is built (its converter comes with it); a failed conversion is a warning: the
+        head itself is done."""
+        server = find_server()
+        if server is None:
+            return {"gguf": None}
+        try:
+            return {"gguf": str(head_gguf(str(head), resolve_path(target), server, head / HEAD_GGUF))}
+        except DraftlabError as exc:
+            Console(stderr=True).print(
+                f"[yellow]warning:[/] the head was not converted for llama-server: {exc}"
+            )
+            return {"gguf": None}

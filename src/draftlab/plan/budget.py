@@ -11,12 +11,10 @@ from draftlab.bench import budget
 from draftlab.bench.formatting import fmt_duration
 from draftlab.bench.runner import Variant
 from draftlab.bench.suites import select
-from draftlab.cli.run_setup import (
-    prompt_limit,
-)
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.prompts import prompt_limit
 
 
 def fit_budget(

@@ -1,0 +1,160 @@
+"""`hf`: draftlab's own loop over transformers models, eager and compiled, and transformers' generate()."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from rich.console import Console
+
+from draftlab.bench.runner import Variant
+from draftlab.decode.spec import DecoderConfig, MethodSpec
+from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.hf import methods
+from draftlab.models.cache import local_dir, packaged_problem
+from draftlab.models.loading import LoadedModel
+from draftlab.models.registry import ENTRIES
+from draftlab.plan.budget import fit_budget
+from draftlab.plan.compile import compile_choice
+from draftlab.plan.configs import variant_params
+from draftlab.plan.dtypes import other_dtypes
+from draftlab.plan.profiles import cost_model, load_spec
+from draftlab.plan.roles import head_name, load_head, load_pair
+
+DEFAULT_METHODS = "ar,sps,pld,hf-assisted,pld-tree,sps-tree,hybrid,suffix"
+DEFAULT_HEAD_METHODS = "eagle,eagle-tree"
+# Plain decoding routed per request across the dtype copies, as the cost-aware methods are.
+ROUTED_AR = "ar routed"
+FAST_AR = "ar not exact"  # plain decoding beside exact mode's, for what exactness costs
+
+
+class HfEngine:
+    name = methods.NAME
+    suffix = ""
+    help = "draftlab's own decode loop over transformers models (default)"
+    default_methods = DEFAULT_METHODS
+    reads_weights = True
+    predictable = True
+    compiles = True
+    batches = False
+
+    def counterpart(self, spec: MethodSpec) -> str | None:
+        return methods.counterpart(spec)
+
+    def add_args(self, group: argparse._ArgumentGroup) -> None:
+        return None  # its options are the model, decoding and --compile options every command has
+
+    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
+        return None
+
+    def methods(self, args: argparse.Namespace) -> str:
+        """The default set, with the EAGLE-3 methods wherever a head is at hand (the shipped one for
+        the default target, or --head)."""
+        name = head_name(args)
+        if name is None:
+            return DEFAULT_METHODS
+        entry = ENTRIES.get(name)
+        if entry is not None and entry.kind == "packaged" and packaged_problem(local_dir(entry)):
+            return DEFAULT_METHODS  # not shipped in this build
+        return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
+
+    def load_pair(self, args, need_draft: bool, engines: list[str]):
+        return load_pair(args, need_draft) if self.name in engines else None
+
+    def joins(self, args, engines, target) -> list[str]:
+        return []
+
+    def absent(self, target) -> str | None:
+        return None
+
+    def bench_variants(self, request: BenchRequest) -> EngineVariants:
+        args = request.args
+        variants = hf_variants(args, request.configs, request.target, request.draft, request.sampling)
+        extra: dict = {}
+        heads = {v.draft.spec.name for v in variants if v.config.spec.needs_head and v.draft is not None}
+        if heads:
+            extra["head"] = ", ".join(sorted(heads))
+        examples = None
+        if request.predictable:
+            variants, examples, extra["plan"] = fit_budget(args, variants, request.examples, request.target)
+        # A routed method's speed-up over plain decoding in its own engine is over plain decoding routed alike.
+        routed = any(v.label == ROUTED_AR for v in variants)
+        baselines = {
+            v.label: ROUTED_AR if routed and v.alternatives and v.label != ROUTED_AR else "ar"
+            for v in variants
+        }
+        extra["compile"] = args.compile_choice.record()
+        if not args.quiet:
+            Console(stderr=True).print(f"[dim]compiled passes: {args.compile_choice.why}[/]")
+        return EngineVariants(variants, baselines, extra, examples)
+
+
+def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
+    """Our own loop: every method, plus ar in the other dtypes for "vs best ar".
+
+    EAGLE methods take the head where draft-model methods take the draft: it is their second
+    model, profiled and priced the same way."""
+    head = load_head(args, target) if any(c.spec.needs_head for c in configs.values()) else None
+    others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]
+    costs: dict[int, tuple] = {}  # id(second model) -> its cost model and its routes
+
+    def priced(second: LoadedModel | None) -> tuple:
+        if id(second) not in costs:
+            cost = cost_model(args.fixed_k, target, second)
+            # With --dtype auto, cost-aware methods run each generation in the dtype predicted fastest for it.
+            # Not in exact mode: its plain decoding is the baseline in the one dtype it ran.
+            routed = (args.target_dtype or args.dtype) == "auto" and not args.exact
+            routes = [(o, cost_model(args.fixed_k, o, second)) for o in others] if routed else []
+            costs[id(second)] = (cost, routes)
+        return costs[id(second)]
+
+    def second_of(config: DecoderConfig) -> LoadedModel | None:
+        return head if config.spec.needs_head else draft
+
+    adaptive = any(c.adaptive for c in configs.values())
+    choice = args.compile_choice = compile_choice(args, target)
+    variants = []
+    for m, config in configs.items():
+        if m != "ar" and not choice.eager and config.spec.compilable:
+            continue  # runs compiled only (below)
+        second = second_of(config)
+        params = variant_params(args, config)
+        # The cost model prices every method for the budget; plain `ar` takes none (with one it
+        # would carry a sizer: see ROUTED_AR below).
+        cost, routes = priced(second) if adaptive and m != "ar" else (None, [])
+        routes = routes if config.adaptive else []
+        if routes:
+            params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
+        variants.append(Variant(m, config, target, second, sampling, params, cost, routes))
+    for other in others:
+        params = variant_params(args, configs["ar"], dtype=other.spec.dtype)
+        variants.append(Variant(f"ar {other.spec.dtype}", configs["ar"], other, None, sampling, params))
+    if any(v.alternatives for v in variants):
+        # Plain decoding offered the same per-request dtype choice as the routed methods: without it
+        # part of their speed-up would be a dtype choice that `ar` was never given.
+        cost, routes = priced(None)
+        params = {
+            **variant_params(args, configs["ar"]),
+            "dtypes": [target.spec.dtype, *(o.spec.dtype for o, _ in routes)],
+        }
+        variants.append(Variant(ROUTED_AR, configs["ar"], target, None, sampling, params, cost, routes))
+    if choice.compiled:
+        for m, config in configs.items():
+            if not config.spec.compilable:
+                continue
+            config = dataclasses.replace(config, compile=True)
+            second = second_of(config)
+            priced_with = second if config.needs_draft else None
+            cost = cost_model(args.fixed_k, target, priced_with, compiled=True) if config.adaptive else None
+            params = variant_params(args, config)
+            variants.append(Variant(f"{m} compiled", config, target, second, sampling, params, cost))
+    if args.exact:
+        # What exactness costs: plain decoding as it runs without exact mode, beside the exact one.
+        fast = dataclasses.replace(configs["ar"], exact=False)
+        if choice.eager:
+            variants.append(Variant(FAST_AR, fast, target, None, sampling, variant_params(args, fast)))
+        if choice.compiled:
+            fast = dataclasses.replace(fast, compile=True)
+            params = variant_params(args, fast)
+            variants.append(Variant(f"{FAST_AR} compiled", fast, target, None, sampling, params))
+    return variants

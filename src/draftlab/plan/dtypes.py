@@ -1,0 +1,89 @@
+"""Which dtypes plain decoding runs in: `--dtype auto`'s choice, and the others worth measuring beside it."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from draftlab.errors import DraftlabError
+from draftlab.models.cost_curve import TIE_BAND, compiled_wins, pick_dtype, verify_slope
+from draftlab.models.loading import DTYPES, LoadedModel, ModelSpec, candidate_dtypes
+from draftlab.models.profile import load_cached
+from draftlab.plan.configs import parse_list
+from draftlab.plan.profiles import load_spec, machine_profile
+
+
+def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> str:
+    """`--dtype auto`: the dtype whose plain decoding (prefill + decode) is fastest here, by profile."""
+    choices = getattr(args, "dtype_choices", None)
+    if choices is None:
+        choices = args.dtype_choices = {}
+    if name in choices:
+        return choices[name]["dtype"]
+    prompt_tokens = 256
+    curves, ways = {}, {}
+    # Where bench decides compilation from the profiles (neither --compile nor --no-compile), each
+    # dtype is priced the way it would run: compiled where its cached compiled profile wins by the
+    # margin bench_compile applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
+    # 7.80, while compiled float32 was predicted 3.51 s and never considered.)
+    joint = getattr(args, "compile", False) is None and device == "cpu"
+    for dtype in candidate_dtypes(name, device):
+        lm = load_spec(ModelSpec(name, dtype, device, attn))
+        curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
+        compiled = load_cached(lm, compiled=True) if joint and lm.engine == "hf" else None
+        if compiled is not None and compiled_wins(
+            curves[dtype], compiled.curve, prompt_tokens, args.max_new_tokens
+        ):
+            curves[dtype], ways[dtype] = compiled.curve, "compiled"
+    dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
+    others = ", ".join(f"{d} {ways[d]} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
+    reason = (
+        f"plain decoding of a {prompt_tokens}-token prompt + {args.max_new_tokens} tokens is predicted "
+        f"to take {predicted[dtype] / 1000:.2f} s in {dtype} {ways[dtype]}"
+        + (f" (vs {others})" if others else "")
+    )
+    if predicted[dtype] > min(predicted.values()):
+        reason += (
+            f"; within {TIE_BAND:.0%} of the fastest, and verifying 4 drafts costs least in it "
+            f"({verify_slope(curves[dtype]):.2f}× a plain step)"
+        )
+    choices[name] = {
+        "dtype": dtype,
+        "reason": reason,
+        "predicted_s": {d: v / 1000 for d, v in predicted.items()},
+        "ways": ways,
+    }
+    return dtype
+
+
+def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
+    """Every other dtype the device supports (or --ar-dtypes), for "vs best ar" and for routing."""
+    if args.ar_dtypes == "none":
+        return []
+    dtypes = (
+        candidate_dtypes(target.spec.name, target.spec.device)
+        if args.ar_dtypes == "supported"
+        else parse_list(args.ar_dtypes, str, "dtype")
+    )
+    out: list[str] = []
+    predicted = (getattr(args, "dtype_choices", {}).get(target.spec.name) or {}).get("predicted_s", {})
+    for dtype in dtypes:
+        if dtype == target.spec.dtype:
+            continue
+        if dtype not in DTYPES:
+            raise DraftlabError(f"unknown dtype '{dtype}' in --ar-dtypes (choose from {', '.join(DTYPES)})")
+        hopeless = predicted and predicted[dtype] > 1.25 * min(predicted.values())
+        if args.ar_dtypes == "supported" and hopeless and not getattr(args, "full", False):
+            # Its profile says it cannot be the fastest plain decoding here: measuring it costs time only.
+            why = (
+                f"ar in {dtype}: predicted {predicted[dtype]:.2f} s per generation, "
+                f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s"
+            )
+            Console(stderr=True).print(f"[dim]{why}: skipped[/]")
+            skipped = getattr(args, "skipped_dtypes", None)
+            if skipped is not None and why not in skipped:
+                skipped.append(why)
+            continue
+        out.append(dtype)
+    return out
