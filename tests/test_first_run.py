@@ -86,8 +86,8 @@ def two_dtypes(tiny_pair, tmp_path, monkeypatch):
 
 def _choose(name: str, compile_flag: bool | None) -> tuple[str, dict]:
     args = argparse.Namespace(max_new_tokens=64, compile=compile_flag)
-    dtype = common.resolve_dtype(args, name, "cpu", None)
-    return dtype, args.dtype_choices[name]
+    choice = common.choose_dtype(args, name, "cpu", None)
+    return choice.dtype, choice.record()
 
 
 def test_dtype_auto_prices_each_dtype_the_way_bench_would_run_it(two_dtypes):

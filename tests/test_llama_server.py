@@ -20,7 +20,7 @@ from helpers import QUIET, check_error
 from draftlab.cli import main
 from draftlab.engines.llama_server import binary
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
-from draftlab.engines.llamacpp.load import load_llamacpp
+from draftlab.engines.llamacpp.load import load_llamacpp, locate
 from draftlab.errors import DraftlabError
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
@@ -218,6 +218,31 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     )
     assert main([*argv, "--resume"]) == 0
     assert json.loads((out / "run.json").read_text())["extra"]["llama_server"]["settings"] == settings
+
+
+@needs_server
+def test_bench_on_llama_server_takes_a_users_gguf_target_and_draft(tmp_path, capsys):
+    """A GGUF is what a llama-server user has: the shipped Q4_1 file given as a path (as a user's
+    own file) runs the server's drafters, with a GGUF draft as it is (here the same file: every
+    drafted token is the target's own)."""
+    gguf = str(locate(TARGET)[0])
+    out = tmp_path / "run"
+    argv = ["bench", "--engines", "llama-server", "--target", gguf, "--draft", gguf, "--limit", "1"]
+    argv += ["--methods", "ar,ngram-mod,sps", "--server-settings", "default", "--subtasks", "summarization"]
+    assert main([*argv, "--max-new-tokens", "24", "--out", str(out), *QUIET]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    tokens = {r["label"]: r["tokens"] for r in records}
+    assert set(tokens) == {"ar@llama-server", "ngram-mod@llama-server", "sps@llama-server"}
+    sps = next(r for r in records if r["label"] == "sps@llama-server")
+    assert ["-md", gguf] == sps["params"]["server_args"][2:4]  # the user's file, not a copy
+    assert sps["accepted"] > 0 and sps["accepted"] >= 0.9 * sps["drafted"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["target"] == gguf and run["extra"]["llama_server"]["model"] == gguf
+    assert not _our_servers()
+    # A speculators head cannot be converted without the target's transformers folder: one line.
+    head = ["--head", "smollm2-135m-eagle3", "--methods", "eagle", "--out", str(tmp_path / "no")]
+    check_error(capsys, [*argv[:5], *head], "--head", "GGUF")
 
 
 @needs_server

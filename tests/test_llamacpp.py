@@ -458,7 +458,7 @@ def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles
 
     def auto(name: str = TARGET) -> str:
         args = SimpleNamespace(gguf_type="auto", tokenizer=None, n_ctx=None, max_new_tokens=64)
-        return resolve_storage(args, name)
+        return resolve_storage(args, name)[0]
 
     seed_profile(target, synthetic(20.0))
     seed_profile(bf16, synthetic(8.0))
@@ -467,7 +467,7 @@ def test_gguf_type_auto_picks_the_storage_predicted_fastest(target, own_profiles
     seed_profile(target, synthetic(6.0))
     assert auto() == "own"
     assert auto(str(target.path)) == "own"
-    assert resolve_storage(SimpleNamespace(gguf_type="q8_0"), TARGET) == "q8_0"
+    assert resolve_storage(SimpleNamespace(gguf_type="q8_0"), TARGET) == ("q8_0", None)
 
 
 def test_best_ar_counts_the_other_storage_of_a_catalogue_target():

@@ -72,7 +72,7 @@ class ToyEngine:
     def methods(self, args):
         return self.default_methods
 
-    def load_pair(self, args, need_draft, engines_run):
+    def load_pair(self, args, need_draft, engines_run, plan=None):
         return None
 
     def joins(self, args, engines_run, target):

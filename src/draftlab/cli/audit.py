@@ -34,6 +34,7 @@ from draftlab.hardware import hardware
 from draftlab.models.prompting import encode_prompt
 from draftlab.outputs import check_new_file
 from draftlab.plan.configs import decoder_config
+from draftlab.plan.dtypes import dtype_choices
 from draftlab.plan.profiles import cost_model, load_spec
 from draftlab.plan.roles import load_pair, model_names
 from draftlab.sampling import SamplingParams
@@ -154,12 +155,14 @@ def _run(args: argparse.Namespace) -> int:
             raise DraftlabError(f"method '{needs_draft[0]}' needs a draft model: pass --draft")
         methods = [m for m in methods if m not in needs_draft]
         Console(stderr=True).print(f"[dim]no --draft: {', '.join(needs_draft)} not audited[/]")
+    chosen: dict = {}  # `--dtype auto`'s choice, where transformers loads the target
     if args.engine == "llamacpp":
         for m in methods:
             llamacpp_engine.check_method(m)
         target, draft = llamacpp_engine.load_pair(args, any(method_spec(m).needs_draft for m in methods))
     else:
-        target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods))
+        chosen = dtype_choices(args, model_names(args, False)[0])
+        target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods), chosen)
     prompts = [encode_prompt(target, t, chat=not args.no_chat) for t in texts]
     configs = {m: decoder_config(args, m) for m in ["ar", *methods]}
     ar = build_decoder(configs["ar"], target)
@@ -205,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
         "draft": draft.spec.name if draft else None,
         "dtype": {"target": target.spec.dtype, "draft": draft.spec.dtype if draft else None},
         "device": {"target": target.spec.device, "draft": draft.spec.device if draft else None},
-        "dtype_choice": getattr(args, "dtype_choices", {}).get(target.spec.name),
+        "dtype_choice": choice.record() if (choice := chosen.get(target.spec.name)) else None,
         "hardware": hardware(target.device),
         "engine": args.engine,
         "recheck": audit.recheck_key(target, draft),

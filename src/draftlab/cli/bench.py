@@ -18,7 +18,7 @@ from draftlab.cli.engines import (
 )
 from draftlab.cli.run_setup import add_run_command_args, execute
 from draftlab.decode.build import check_fits
-from draftlab.decode.spec import DecoderConfig, method_names, method_spec
+from draftlab.decode.spec import DecoderConfig, method_names
 from draftlab.engines.base import BenchRequest
 from draftlab.errors import DraftlabError
 from draftlab.hardware import fingerprint_key, hardware, peak_rss_mb
@@ -26,8 +26,7 @@ from draftlab.models import exact
 from draftlab.models.bandwidth import cached_bandwidth, weight_bytes
 from draftlab.models.profile import profile_dir
 from draftlab.plan.compile import compile_seconds
-from draftlab.plan.configs import decoder_config, parse_list, sampling_from
-from draftlab.plan.prompts import suite_examples
+from draftlab.plan.run_plan import plan_run
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -62,37 +61,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     engines = engines_of(args)
-    # Named methods must run on every engine asked for; the defaults are each engine's own set.
-    chosen = {
-        engine: parse_list(
-            args.methods if args.methods is not None else registry.get(engine).methods(args), str, "method"
-        )
-        for engine in engines
-    }
-    for engine, names in chosen.items():
-        for m in names:
-            method_spec(m)
-        if "ar" not in names:
-            names.insert(0, "ar")  # speed-ups are always measured against AR on the same engine
-        check_methods(names, [engine])
-    check_engine_args(args, engines)
-    if getattr(args, "compile", None) and not any(registry.get(e).compiles for e in engines):
-        raise DraftlabError(
-            "--compile is for the hf engine (compiled transformers passes); add hf to --engines"
-        )
-    methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
-    configs = {m: decoder_config(args, m) for m in methods}
-    sampling = sampling_from(args)
-    examples = suite_examples(args)
-    needs_draft = any(method_spec(m).needs_draft for m in methods)
-    target, draft = load_models(args, engines, needs_draft)
+
+    def check(chosen: dict[str, list[str]]) -> None:
+        # Named methods must run on every engine asked for; the defaults are each engine's own set.
+        for engine, names in chosen.items():
+            check_methods(names, [engine])
+        check_engine_args(args, engines)
+        if getattr(args, "compile", None) and not any(registry.get(e).compiles for e in engines):
+            raise DraftlabError(
+                "--compile is for the hf engine (compiled transformers passes); add hf to --engines"
+            )
+
+    weights_read = any(registry.get(e).reads_weights for e in engines)
+    plan = plan_run(args, engines, lambda e: registry.get(e).methods(args), check, weights_read)
+    configs, sampling, examples = plan.configs, plan.sampling, list(plan.examples)
+    needs_draft = plan.needs_draft
+    target, draft = load_models(args, engines, needs_draft, plan)
+    chosen = {engine: list(names) for engine, names in plan.methods.items()}
     for config in configs.values():
         check_fits(config, target)
     # Before profiling: a draft too short for these prompts is refused now, not mid-run.
     check_contexts(
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
-    args.skipped_dtypes = []  # what other_dtypes leaves out, for the report's plan
     # Engines not asked for may join a default run: the fastest plain decoding a user has (llama.cpp).
     for name in registry.engine_names():
         if name not in chosen and (joined := registry.get(name).joins(args, engines, target)):
@@ -102,13 +93,12 @@ def run(args: argparse.Namespace) -> int:
     baselines: dict[str, str] = {}
     closers: list = []
     block = 1
-    weights_read = any(registry.get(e).reads_weights for e in engines)
     predictable = all(registry.get(e).predictable for e in engines)
     for name, names in chosen.items():
         engine = registry.get(name)
         own = {m: configs[m] if engine.compiles else not_exact(configs[m]) for m in names}
         request = BenchRequest(
-            args, own, target, draft, sampling, examples, engines, weights_read, predictable
+            args, own, target, draft, sampling, examples, engines, weights_read, predictable, plan=plan
         )
         made = engine.bench_variants(request)
         variants += made.variants
@@ -136,7 +126,18 @@ def run(args: argparse.Namespace) -> int:
     if target.spec.device == "cpu":  # a GPU's bandwidth is another measurement
         extra["bandwidth"] = bandwidth_record(variants)
     with closing(closers):
-        return execute(args, "bench", variants, baselines, target, draft, examples, extra, block=block)
+        return execute(
+            args,
+            "bench",
+            variants,
+            baselines,
+            target,
+            draft,
+            examples,
+            extra,
+            block=block,
+            chosen=plan.dtypes,
+        )
 
 
 def compile_record(variants: list[Variant]) -> dict | None:

@@ -13,6 +13,7 @@ from draftlab.engines.base import Engine
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import LoadedModel
 from draftlab.plan.roles import load_shells
+from draftlab.plan.run_plan import RunPlan
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -55,12 +56,12 @@ def check_engine_args(args: argparse.Namespace, engines: list[str]) -> None:
 
 
 def load_models(
-    args: argparse.Namespace, engines: list[str], need_draft: bool
+    args: argparse.Namespace, engines: list[str], need_draft: bool, plan: RunPlan | None = None
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Target and draft as the run's engines need them: loaded by the engine that claims them (one
     that runs a file of its own first), else without their weights (tokenizer, config, end tokens)."""
     for engine in sorted(_engines(), key=lambda e: e.reads_weights):
-        pair = engine.load_pair(args, need_draft, engines)
+        pair = engine.load_pair(args, need_draft, engines, plan)
         if pair is not None:
             return pair
     return load_shells(args, need_draft)

@@ -6,7 +6,7 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from draftlab.errors import DraftlabError
 from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
 from draftlab.outputs import check_folder, held_folder
+from draftlab.plan.dtypes import DtypeChoice
 from draftlab.plan.prompts import DEFAULT_LIMIT
 
 
@@ -133,8 +134,11 @@ def execute(
     extra: dict | None = None,
     block: int = 1,
     levels: list[int] | None = None,
+    chosen: Mapping[str, DtypeChoice] | None = None,
 ) -> int:
-    """Run the variants (with `levels`: a concurrency sweep) into --out, then print the report."""
+    """Run the variants (with `levels`: a concurrency sweep) into --out, then print the report.
+    `chosen`: the run's `--dtype auto` choices, by model name."""
+    dtype_choice = (chosen or {}).get(target.spec.name)
     out = Path(args.out)  # set and held by claimed_out
     concurrency = None
     if levels:
@@ -186,7 +190,7 @@ def execute(
                 "python": platform.python_version(),
             },
             "hardware": hardware(target.device),
-            "dtype_choice": getattr(args, "dtype_choices", {}).get(target.spec.name),
+            "dtype_choice": dtype_choice.record() if dtype_choice is not None else None,
             "sizing": "fixed k" if getattr(args, "fixed_k", False) else "cost-aware",
             **(extra or {}),
         },

@@ -15,6 +15,7 @@ from draftlab.decode.spec import method_spec
 from draftlab.engines.base import BenchRequest
 from draftlab.errors import DraftlabError
 from draftlab.plan.configs import decoder_config, parse_list, sampling_from, variant_params
+from draftlab.plan.dtypes import dtype_choices
 from draftlab.plan.profiles import cost_model
 from draftlab.plan.prompts import suite_examples
 from draftlab.plan.roles import load_draft, load_pair, load_role, load_shells, model_names
@@ -82,14 +83,18 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_from(args)
     if on_grid:
         return _engine_grid(args, grid, examples, sampling)
+    if args.kind == "concurrency":
+        return _concurrency(args, examples, sampling)
+    # `--dtype auto` decides once, before anything loads; every model of the sweep reads it.
+    chosen = dtype_choices(args, model_names(args, need_draft=False)[0])
     base = decoder_config(args, "ar")
     if args.kind == "gamma":
         gammas = parse_list(args.gammas, int, "gamma")
         if args.drafts:
-            target = load_role(args, model_names(args, need_draft=False)[0], "target")
+            target = load_role(args, model_names(args, need_draft=False)[0], "target", chosen=chosen)
             drafts = [load_draft(args, name, target) for name in parse_list(args.drafts, str, "draft")]
         else:
-            target, draft = load_pair(args, need_draft=True)
+            target, draft = load_pair(args, True, chosen)
             drafts = [draft]
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for d in drafts:
@@ -99,12 +104,20 @@ def run(args: argparse.Namespace) -> int:
                 variants.append(Variant(label, cfg, target, d, sampling, variant_params(args, cfg)))
         baselines = {v.label: "ar" for v in variants}
         return execute(
-            args, "sweep-gamma", variants, baselines, target, drafts[0], examples, {"gammas": gammas}
+            args,
+            "sweep-gamma",
+            variants,
+            baselines,
+            target,
+            drafts[0],
+            examples,
+            {"gammas": gammas},
+            chosen=chosen,
         )
     if args.kind == "bild":
         fallbacks = parse_list(args.fallbacks, float, "fallback")
         rollbacks = [threshold(x) for x in parse_list(args.rollbacks, str, "rollback")]
-        target, draft = load_pair(args, need_draft=True)
+        target, draft = load_pair(args, True, chosen)
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for fb in fallbacks:
             for rb in rollbacks:
@@ -117,11 +130,18 @@ def run(args: argparse.Namespace) -> int:
                     )
                 )
         return execute(
-            args, "sweep-bild", variants, {v.label: "ar" for v in variants}, target, draft, examples
+            args,
+            "sweep-bild",
+            variants,
+            {v.label: "ar" for v in variants},
+            target,
+            draft,
+            examples,
+            chosen=chosen,
         )
     if args.kind == "confidence":
         confidences = parse_list(args.confidences, float, "confidence")
-        target, draft = load_pair(args, need_draft=True)
+        target, draft = load_pair(args, True, chosen)
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for tau in confidences:
             for method in ("sps", "hf-assisted"):
@@ -130,12 +150,19 @@ def run(args: argparse.Namespace) -> int:
                     Variant(f"{method} τ={tau:g}", cfg, target, draft, sampling, variant_params(args, cfg))
                 )
         return execute(
-            args, "sweep-confidence", variants, {v.label: "ar" for v in variants}, target, draft, examples
+            args,
+            "sweep-confidence",
+            variants,
+            {v.label: "ar" for v in variants},
+            target,
+            draft,
+            examples,
+            chosen=chosen,
         )
     if args.kind == "temperature":
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
-        target, draft = load_pair(args, need_draft=cfg.needs_draft)
+        target, draft = load_pair(args, cfg.needs_draft, chosen)
         check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
         cost = cost_model(args.fixed_k, target, draft if cfg.needs_draft else None) if cfg.adaptive else None
         variants, baselines = [], {}
@@ -148,19 +175,19 @@ def run(args: argparse.Namespace) -> int:
             )
             baselines[ar_label] = ar_label
             baselines[f"{args.method} T={t:g}"] = ar_label
-        return execute(args, "sweep-temperature", variants, baselines, target, draft, examples)
+        return execute(args, "sweep-temperature", variants, baselines, target, draft, examples, chosen=chosen)
     if args.kind == "sizing":
-        return _sizing(args, examples, sampling)
+        return _sizing(args, examples, sampling, chosen)
     if args.kind == "tree":
-        return _tree(args, examples, sampling)
+        return _tree(args, examples, sampling, chosen)
     if args.kind == "concurrency":
         return _concurrency(args, examples, sampling)
-    return _ablation(args, examples, sampling)
+    return _ablation(args, examples, sampling, chosen)
 
 
-def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: dict) -> int:
     """sps and pld with a fixed k and with cost-aware rounds, in one interleaved run."""
-    target, draft = load_pair(args, need_draft=True)
+    target, draft = load_pair(args, True, chosen)
     check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     base = decoder_config(args, "ar")
     cost = cost_model(args.fixed_k, target, draft)
@@ -174,10 +201,19 @@ def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams) -> int
                     label, cfg, target, draft, sampling, variant_params(args, cfg), None if fixed else cost
                 )
             )
-    return execute(args, "sweep-sizing", variants, {v.label: "ar" for v in variants}, target, draft, examples)
+    return execute(
+        args,
+        "sweep-sizing",
+        variants,
+        {v.label: "ar" for v in variants},
+        target,
+        draft,
+        examples,
+        chosen=chosen,
+    )
 
 
-def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+def _tree(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: dict) -> int:
     """Each tree method at each fixed node budget, against ar, in one interleaved run."""
     budgets = parse_list(args.budgets, int, "budget")
     methods = parse_list(args.tree_methods, str, "method")
@@ -188,7 +224,7 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
         if budget < 1:
             raise DraftlabError(f"tree budget must be >= 1, got {budget}")
     need_draft = any(method_spec(m).needs_draft for m in methods)
-    target, draft = load_pair(args, need_draft=need_draft)
+    target, draft = load_pair(args, need_draft, chosen)
     check_contexts([(target, draft)], examples, args.max_new_tokens, not args.no_chat)
     for method in methods:
         check_fits(decoder_config(args, method), target)
@@ -202,7 +238,15 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
             )
     extra = {"budgets": budgets, "methods": methods}
     return execute(
-        args, "sweep-tree", variants, {v.label: "ar" for v in variants}, target, draft, examples, extra
+        args,
+        "sweep-tree",
+        variants,
+        {v.label: "ar" for v in variants},
+        target,
+        draft,
+        examples,
+        extra,
+        chosen=chosen,
     )
 
 
@@ -263,7 +307,7 @@ def _engine_grid(args: argparse.Namespace, engine, examples, sampling: SamplingP
         return execute(args, "sweep-gamma", made.variants, made.baselines, target, draft, examples, extra)
 
 
-def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> int:
+def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: dict) -> int:
     """Seed 003's "combining methods": KV cache × attention implementation × speculative decoding."""
     target_name, draft_name = model_names(args, need_draft=True)
     if draft_name is None:
@@ -272,7 +316,7 @@ def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> i
     plain = "ar no-cache eager"
     first_target = first_draft = None
     for attn in ("eager", "sdpa"):
-        target = load_role(args, target_name, "target", attn)
+        target = load_role(args, target_name, "target", attn, chosen)
         draft = load_draft(args, draft_name, target, attn)
         first_target, first_draft = first_target or target, first_draft or draft
         for use_cache in (False, True):
@@ -282,4 +326,4 @@ def _ablation(args: argparse.Namespace, examples, sampling: SamplingParams) -> i
                 params = variant_params(args, cfg, attn_implementation=attn)
                 variants.append(Variant(label, cfg, target, draft, sampling, params))
                 baselines[label] = plain
-    return execute(args, "ablation", variants, baselines, first_target, first_draft, examples)
+    return execute(args, "ablation", variants, baselines, first_target, first_draft, examples, chosen=chosen)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from draftlab.bench.runner import Variant
     from draftlab.decode.spec import DecoderConfig, MethodSpec
     from draftlab.models.loading import LoadedModel
+    from draftlab.plan.run_plan import RunPlan
     from draftlab.sampling import SamplingParams
 
 
@@ -33,6 +34,7 @@ class BenchRequest:
     weights_read: bool  # whether the target's transformers weights are loaded (an engine reads them)
     predictable: bool  # whether every engine of the run has cost profiles that predict its times
     concurrent: bool = False  # `sweep concurrency`: many requests at once, each engine's own settings
+    plan: RunPlan | None = None  # what the run decided before loading (`draftlab bench`)
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Engine(Protocol):
         ...
 
     def load_pair(
-        self, args: argparse.Namespace, need_draft: bool, engines: list[str]
+        self, args: argparse.Namespace, need_draft: bool, engines: list[str], plan: RunPlan | None
     ) -> tuple[LoadedModel, LoadedModel | None] | None:
         """Target and draft where this engine is the one that loads them (e.g. a GGUF target), else None."""
         ...

@@ -14,11 +14,17 @@ from draftlab.bench.suites import select
 from draftlab.models.loading import LoadedModel
 from draftlab.models.profile import load_cached
 from draftlab.models.prompting import encode_prompt
+from draftlab.plan.dtypes import DtypeChoice
 from draftlab.plan.prompts import prompt_limit
 
 
 def fit_budget(
-    args: argparse.Namespace, variants: list[Variant], examples: list, target: LoadedModel
+    args: argparse.Namespace,
+    variants: list[Variant],
+    examples: list,
+    target: LoadedModel,
+    dtype: DtypeChoice | None = None,
+    skipped: list[str] = (),
 ) -> tuple[list[Variant], list, dict | None]:
     """Price the run from the cost profile before the first generation and, for the default run,
     leave out what the profile says adds nothing, then prompts, to stay within the time budget."""
@@ -41,7 +47,7 @@ def fit_budget(
     prompts_at = {
         n: [t for e in select(examples, None, n) for t in lengths[e.id]] for n in range(1, limit + 1)
     }
-    dtype_times = ((getattr(args, "dtype_choices", {}).get(target.spec.name)) or {}).get("predicted_s", {})
+    dtype_times = dtype.predicted_s if dtype is not None else {}
     planned = [
         budget.PlannedVariant(v.label, curves[v.label], adds_nothing(v, dtype_times)) for v in variants
     ]
@@ -79,7 +85,7 @@ def fit_budget(
         "predicted_s": round(fitted.predicted_s, 1),
         "budget_s": budget.DEFAULT_BUDGET_S if not explicit else None,
         "everything_s": round(fitted.full_s, 1),
-        "left_out": [*getattr(args, "skipped_dtypes", []), *fitted.left_out],
+        "left_out": [*skipped, *fitted.left_out],
     }
     return kept, examples, record
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
 from rich.console import Console
 
@@ -14,18 +16,26 @@ from draftlab.plan.configs import parse_list
 from draftlab.plan.profiles import load_spec, machine_profile
 
 
-def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> str:
+@dataclass(frozen=True)
+class DtypeChoice:
+    """`--dtype auto`'s decision for one model, and the predictions it was made from."""
+
+    dtype: str
+    reason: str
+    predicted_s: dict[str, float]  # plain decoding of the reference request, per dtype
+    ways: dict[str, str]  # eager or compiled, per dtype, as it was priced
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def choose_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> DtypeChoice:
     """`--dtype auto`: the dtype whose plain decoding (prefill + decode) is fastest here, by profile."""
-    choices = getattr(args, "dtype_choices", None)
-    if choices is None:
-        choices = args.dtype_choices = {}
-    if name in choices:
-        return choices[name]["dtype"]
     prompt_tokens = 256
     curves, ways = {}, {}
     # Where bench decides compilation from the profiles (neither --compile nor --no-compile), each
     # dtype is priced the way it would run: compiled where its cached compiled profile wins by the
-    # margin bench_compile applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
+    # margin plan/compile.py applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
     # 7.80, while compiled float32 was predicted 3.51 s and never considered.)
     joint = getattr(args, "compile", False) is None and device == "cpu"
     for dtype in candidate_dtypes(name, device):
@@ -48,26 +58,32 @@ def resolve_dtype(args: argparse.Namespace, name: str, device: str, attn: str | 
             f"; within {TIE_BAND:.0%} of the fastest, and verifying 4 drafts costs least in it "
             f"({verify_slope(curves[dtype]):.2f}× a plain step)"
         )
-    choices[name] = {
-        "dtype": dtype,
-        "reason": reason,
-        "predicted_s": {d: v / 1000 for d, v in predicted.items()},
-        "ways": ways,
-    }
-    return dtype
+    return DtypeChoice(dtype, reason, {d: v / 1000 for d, v in predicted.items()}, ways)
 
 
-def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
-    """Every other dtype the device supports (or --ar-dtypes), for "vs best ar" and for routing."""
+def dtype_choices(args: argparse.Namespace, target: str) -> dict[str, DtypeChoice]:
+    """The choices `--dtype auto` makes for a run's target (none where its dtype is named)."""
+    if (args.target_dtype or args.dtype) != "auto":
+        return {}
+    device = args.target_device or args.device
+    return {target: choose_dtype(args, target, device, args.attn_implementation)}
+
+
+def other_dtypes(
+    args: argparse.Namespace, target: LoadedModel, choice: DtypeChoice | None
+) -> tuple[list[str], list[str]]:
+    """Every other dtype the device supports (or --ar-dtypes), for "vs best ar" and for routing;
+    and why each dtype left out is left out."""
     if args.ar_dtypes == "none":
-        return []
+        return [], []
     dtypes = (
         candidate_dtypes(target.spec.name, target.spec.device)
         if args.ar_dtypes == "supported"
         else parse_list(args.ar_dtypes, str, "dtype")
     )
     out: list[str] = []
-    predicted = (getattr(args, "dtype_choices", {}).get(target.spec.name) or {}).get("predicted_s", {})
+    skipped: list[str] = []
+    predicted = choice.predicted_s if choice is not None else {}
     for dtype in dtypes:
         if dtype == target.spec.dtype:
             continue
@@ -81,9 +97,7 @@ def other_dtypes(args: argparse.Namespace, target: LoadedModel) -> list[str]:
                 f"over 1.25× the fastest dtype's {min(predicted.values()):.2f} s"
             )
             Console(stderr=True).print(f"[dim]{why}: skipped[/]")
-            skipped = getattr(args, "skipped_dtypes", None)
-            if skipped is not None and why not in skipped:
-                skipped.append(why)
+            skipped.append(why)
             continue
         out.append(dtype)
-    return out
+    return out, skipped

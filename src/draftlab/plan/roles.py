@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 
 from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
@@ -14,8 +15,10 @@ from draftlab.models.loading import (
     compute_dtype,
     load_model,
 )
-from draftlab.plan.dtypes import resolve_dtype
+from draftlab.plan.dtypes import DtypeChoice, choose_dtype
 from draftlab.plan.profiles import load_spec
+
+Choices = Mapping[str, DtypeChoice] | None
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"
@@ -30,18 +33,24 @@ def model_names(args: argparse.Namespace, need_draft: bool) -> tuple[str, str | 
     return target, draft
 
 
-def role_spec(args: argparse.Namespace, name: str, role: str, attn: str | None = None) -> ModelSpec:
+def role_spec(
+    args: argparse.Namespace, name: str, role: str, attn: str | None = None, chosen: Choices = None
+) -> ModelSpec:
+    """`chosen`: the run plan's `--dtype auto` choices by model name (else chosen here)."""
     device = getattr(args, f"{role}_device") or args.device
     attn = attn or args.attn_implementation
     dtype = getattr(args, f"{role}_dtype") or args.dtype
     if dtype == "auto":
-        dtype = resolve_dtype(args, name, device, attn)
+        choice = (chosen or {}).get(name) or choose_dtype(args, name, device, attn)
+        dtype = choice.dtype
     return ModelSpec(name, dtype, device, attn)
 
 
-def load_role(args: argparse.Namespace, name: str, role: str, attn: str | None = None) -> LoadedModel:
+def load_role(
+    args: argparse.Namespace, name: str, role: str, attn: str | None = None, chosen: Choices = None
+) -> LoadedModel:
     """Load `name` as the target or a draft, with that role's dtype and device from the CLI."""
-    return load_spec(role_spec(args, name, role, attn))
+    return load_spec(role_spec(args, name, role, attn, chosen))
 
 
 def load_draft(
@@ -82,11 +91,13 @@ def load_head(args: argparse.Namespace, target: LoadedModel, method: str = "eagl
 _HEADS: dict = {}
 
 
-def load_pair(args: argparse.Namespace, need_draft: bool) -> tuple[LoadedModel, LoadedModel | None]:
+def load_pair(
+    args: argparse.Namespace, need_draft: bool, chosen: Choices = None
+) -> tuple[LoadedModel, LoadedModel | None]:
     target_name, draft_name = model_names(args, need_draft)
     if need_draft and draft_name is None:
         raise DraftlabError("this method needs a draft model: pass --draft")
-    target = load_role(args, target_name, "target")
+    target = load_role(args, target_name, "target", chosen=chosen)
     draft = load_draft(args, draft_name, target) if draft_name is not None else None
     return target, draft
 

@@ -15,7 +15,7 @@ from draftlab.models.cache import local_dir, packaged_problem
 from draftlab.models.loading import LoadedModel
 from draftlab.models.registry import ENTRIES
 from draftlab.plan.budget import fit_budget
-from draftlab.plan.compile import compile_choice
+from draftlab.plan.compile import CompileChoice, compile_choice
 from draftlab.plan.configs import variant_params
 from draftlab.plan.dtypes import other_dtypes
 from draftlab.plan.profiles import cost_model, load_spec
@@ -58,8 +58,10 @@ class HfEngine:
             return DEFAULT_METHODS  # not shipped in this build
         return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
 
-    def load_pair(self, args, need_draft: bool, engines: list[str]):
-        return load_pair(args, need_draft) if self.name in engines else None
+    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
+        if self.name not in engines:
+            return None
+        return load_pair(args, need_draft, plan.dtypes if plan is not None else None)
 
     def joins(self, args, engines, target) -> list[str]:
         return []
@@ -68,34 +70,50 @@ class HfEngine:
         return None
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
-        args = request.args
-        variants = hf_variants(args, request.configs, request.target, request.draft, request.sampling)
+        args, target = request.args, request.target
+        dtype = request.plan.dtype_choice(target.spec.name) if request.plan is not None else None
+        others, skipped = other_dtypes(args, target, dtype)
+        compiled = compile_choice(args, target)
+        variants = hf_variants(
+            args, request.configs, target, request.draft, request.sampling, others, compiled
+        )
         extra: dict = {}
         heads = {v.draft.spec.name for v in variants if v.config.spec.needs_head and v.draft is not None}
         if heads:
             extra["head"] = ", ".join(sorted(heads))
         examples = None
         if request.predictable:
-            variants, examples, extra["plan"] = fit_budget(args, variants, request.examples, request.target)
+            variants, examples, extra["plan"] = fit_budget(
+                args, variants, request.examples, target, dtype, skipped
+            )
         # A routed method's speed-up over plain decoding in its own engine is over plain decoding routed alike.
         routed = any(v.label == ROUTED_AR for v in variants)
         baselines = {
             v.label: ROUTED_AR if routed and v.alternatives and v.label != ROUTED_AR else "ar"
             for v in variants
         }
-        extra["compile"] = args.compile_choice.record()
+        extra["compile"] = compiled.record()
         if not args.quiet:
-            Console(stderr=True).print(f"[dim]compiled passes: {args.compile_choice.why}[/]")
+            Console(stderr=True).print(f"[dim]compiled passes: {compiled.why}[/]")
         return EngineVariants(variants, baselines, extra, examples)
 
 
-def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, sampling) -> list[Variant]:
-    """Our own loop: every method, plus ar in the other dtypes for "vs best ar".
+def hf_variants(
+    args,
+    configs: dict[str, DecoderConfig],
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sampling,
+    other_dtypes: list[str] = (),
+    choice: CompileChoice | None = None,
+) -> list[Variant]:
+    """Our own loop: every method, plus ar in `other_dtypes` for "vs best ar"; compiled, eager or
+    both as `choice` says (default: as the profiles decide).
 
     EAGLE methods take the head where draft-model methods take the draft: it is their second
     model, profiled and priced the same way."""
     head = load_head(args, target) if any(c.spec.needs_head for c in configs.values()) else None
-    others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes(args, target)]
+    others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes]
     costs: dict[int, tuple] = {}  # id(second model) -> its cost model and its routes
 
     def priced(second: LoadedModel | None) -> tuple:
@@ -112,7 +130,7 @@ def hf_variants(args, configs, target: LoadedModel, draft: LoadedModel | None, s
         return head if config.spec.needs_head else draft
 
     adaptive = any(c.adaptive for c in configs.values())
-    choice = args.compile_choice = compile_choice(args, target)
+    choice = choice or compile_choice(args, target)
     variants = []
     for m, config in configs.items():
         if m != "ar" and not choice.eager and config.spec.compilable:

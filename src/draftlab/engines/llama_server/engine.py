@@ -32,12 +32,13 @@ from draftlab.engines.llama_server.tuning import (
 from draftlab.engines.llamacpp.engine import gguf_target
 from draftlab.engines.llamacpp.export import export_gguf
 from draftlab.engines.llamacpp.load import locate
-from draftlab.engines.llamacpp.model import OWN_STORAGE
+from draftlab.engines.llamacpp.model import OWN_STORAGE, is_llamacpp_source
 from draftlab.errors import DraftlabError
 from draftlab.files import read_text_file
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
 from draftlab.models.prompting import encode_prompt
+from draftlab.models.registry import ENTRIES
 from draftlab.plan.configs import decoder_config, parse_list, variant_params
 from draftlab.plan.profiles import machine_profile
 from draftlab.plan.prompts import held_out_examples
@@ -144,13 +145,40 @@ def method_server_args(method: str, args: argparse.Namespace, target, draft, bin
     if kind == "draft-simple":
         if draft is None:
             raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
-        spec_args += ["-md", str(draft_gguf(draft.spec.name, locate(target.spec.name)[0]))]
+        spec_args += ["-md", str(_draft_file(draft, target))]
     elif kind and "draft-eagle3" in kind.split(","):
         head = head_name(args)
         if head is None:
             raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
-        spec_args += ["-md", str(head_gguf(resolve_path(head), resolve_path(target.spec.name), binary))]
+        spec_args += ["-md", str(_head_file(head, target, binary))]
     return spec_args
+
+
+def _user_gguf(name: str) -> Path | None:
+    """A .gguf file the user named, to run as it is (a catalogue name is not one)."""
+    return Path(name).expanduser() if name not in ENTRIES and is_llamacpp_source(name) else None
+
+
+def _draft_file(draft, target) -> Path:
+    """The draft as llama-server loads it: the user's GGUF, or our transformers draft written once as one."""
+    own = _user_gguf(draft.spec.name)
+    if own is not None:
+        return own
+    return draft_gguf(draft.spec.name, _user_gguf(target.spec.name) or locate(target.spec.name)[0])
+
+
+def _head_file(head: str, target, binary: Path) -> Path:
+    """The EAGLE-3 head as llama-server loads it: the user's GGUF, or a speculators folder converted
+    once by llama.cpp's converter beside the target's transformers folder."""
+    own = _user_gguf(head)
+    if own is not None:
+        return own
+    if _user_gguf(target.spec.name) is not None:
+        raise DraftlabError(
+            f"--head '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
+            "folder to write one, and the target is a GGUF file; pass the head as a .gguf"
+        )
+    return head_gguf(resolve_path(head), resolve_path(target.spec.name), binary)
 
 
 def server_target(args: argparse.Namespace, target):
@@ -333,6 +361,7 @@ class LlamaServerEngine:
     predictable = True
     compiles = False
     batches = True
+    takes_gguf = True  # a user's .gguf target, draft and EAGLE-3 head, as they are
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         return methods.counterpart(spec)
@@ -353,7 +382,7 @@ class LlamaServerEngine:
     def methods(self, args: argparse.Namespace) -> str:
         return default_methods(args)
 
-    def load_pair(self, args, need_draft: bool, engines: list[str]):
+    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         return None
 
     def joins(self, args, engines, target) -> list[str]:

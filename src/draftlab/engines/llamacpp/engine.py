@@ -70,35 +70,31 @@ def check_gguf_type(args: argparse.Namespace) -> None:
         )
 
 
-def resolve_storage(args: argparse.Namespace, name: str) -> str:
+def resolve_storage(args: argparse.Namespace, name: str) -> tuple[str, str | None]:
     """`--gguf-type auto`: of AUTO_CANDIDATES, the storage whose plain decoding of a 256-token prompt
     and --max-new-tokens is predicted fastest by its profile (measured once, then cached), as
-    `--dtype auto` picks a dtype; a GGUF file runs as it is."""
+    `--dtype auto` picks a dtype; a GGUF file runs as it is. Returns the storage and, where it was
+    chosen, why."""
 
     if args.gguf_type != AUTO_STORAGE:
-        return args.gguf_type
+        return args.gguf_type, None
     entry = ENTRIES.get(name)
     if entry is None or entry.kind != "gguf-wheel":
-        return OWN_STORAGE
-    choices = getattr(args, "storage_choices", None)
-    if choices is None:
-        choices = args.storage_choices = {}
-    if name not in choices:
-        curves = {}
-        for storage in AUTO_CANDIDATES:
-            lm = load_llamacpp(name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
-            curves[storage] = machine_profile(lm).curve
-            del lm  # each holds its weights and KV cache: one at a time
-        new_tokens = getattr(args, "max_new_tokens", None) or 64
-        storage, predicted = pick_dtype(curves, 256, new_tokens)
-        others = ", ".join(f"{s} {ms / 1000:.2f} s" for s, ms in predicted.items() if s != storage)
-        reason = (
-            f"--gguf-type auto: {storage}, plain decoding of a 256-token prompt + {new_tokens} tokens "
-            f"predicted {predicted[storage] / 1000:.2f} s (vs {others})"
-        )
-        Console(stderr=True).print(f"[dim]{reason}[/]")
-        choices[name] = {"storage": storage, "reason": reason}
-    return choices[name]["storage"]
+        return OWN_STORAGE, None
+    curves = {}
+    for storage in AUTO_CANDIDATES:
+        lm = load_llamacpp(name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
+        curves[storage] = machine_profile(lm).curve
+        del lm  # each holds its weights and KV cache: one at a time
+    new_tokens = getattr(args, "max_new_tokens", None) or 64
+    storage, predicted = pick_dtype(curves, 256, new_tokens)
+    others = ", ".join(f"{s} {ms / 1000:.2f} s" for s, ms in predicted.items() if s != storage)
+    reason = (
+        f"--gguf-type auto: {storage}, plain decoding of a 256-token prompt + {new_tokens} tokens "
+        f"predicted {predicted[storage] / 1000:.2f} s (vs {others})"
+    )
+    Console(stderr=True).print(f"[dim]{reason}[/]")
+    return storage, reason
 
 
 def installed() -> bool:
@@ -138,7 +134,7 @@ def load_pair(
     target_name, draft_name = model_names(args, need_draft)
     if need_draft and draft_name is None:
         raise DraftlabError("this method needs a draft model: pass --draft")
-    storage = resolve_storage(args, target_name)
+    storage = resolve_storage(args, target_name)[0]
     target = load_llamacpp(target_name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
     if draft_name is None:
         return target, None
@@ -157,15 +153,18 @@ def load_pair(
 
 
 def gguf_file_target(args: argparse.Namespace, engines: list[str]) -> bool:
-    """Whether --target names a .gguf file for a llama.cpp-only run; any other engine needs the
-    target as transformers loads it (a catalogue name or a Hugging Face folder)."""
+    """Whether --target names a .gguf file for a run of engines that all run one (llama.cpp's own:
+    `takes_gguf`); any other engine needs the target as transformers loads it (a catalogue name or
+    a Hugging Face folder)."""
+    from draftlab import engines as registry  # noqa: PLC0415 - the list holds this engine
 
     name = args.target or ""
     if not name or name in ENTRIES or not is_llamacpp_source(name):
         return False
-    if engines != ["llamacpp"]:
+    takers = [n for n in registry.engine_names() if getattr(registry.get(n), "takes_gguf", False)]
+    if not set(engines) <= set(takers):
         raise DraftlabError(
-            f"--target '{name}' is a GGUF file, which only the llamacpp engine runs; "
+            f"--target '{name}' is a GGUF file, which only the {' and '.join(takers)} engines run; "
             f"got --engines {','.join(engines)}"
         )
     return True
@@ -199,7 +198,8 @@ def llamacpp_variants(
     """The methods on llama.cpp: our loop over the GGUF target, with the transformers draft for sps."""
 
     tokenizer = args.tokenizer or target.tokenizer
-    gguf = gguf_target(args, target, resolve_storage(args, target.spec.name))
+    storage, why = resolve_storage(args, target.spec.name)
+    gguf = gguf_target(args, target, storage)
     variants = []
     costs: dict[int, object] = {}  # id(draft) -> the cost model of llama.cpp's target beside it
     for method, config in configs.items():
@@ -221,13 +221,12 @@ def llamacpp_variants(
         }
         label = f"ar{SUFFIX} {plain.spec.dtype}"
         variants.append(Variant(label, configs["ar"], plain, None, sampling, params))
-    choice = (getattr(args, "storage_choices", None) or {}).get(target.spec.name)
     return variants, {
         "gguf": gguf.path,
         "quantization": gguf.spec.dtype,
         "threads": gguf.threads,
         "storage": gguf.spec.storage,
-        "storage_choice": choice["reason"] if choice else None,
+        "storage_choice": why,
     }
 
 
@@ -254,6 +253,7 @@ class LlamaCppEngine:
     predictable = True
     compiles = False
     batches = False
+    takes_gguf = True  # a user's .gguf target (and draft) as they are
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         return methods.counterpart(spec)
@@ -263,11 +263,12 @@ class LlamaCppEngine:
 
     def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
         check_gguf_type(args)
+        gguf_file_target(args, engines)  # a GGUF target with an engine that cannot run one: one line
 
     def methods(self, args: argparse.Namespace) -> str:
         return DEFAULT_METHODS
 
-    def load_pair(self, args, need_draft: bool, engines: list[str]):
+    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         if gguf_file_target(
             args, engines
         ):  # a GGUF file has no transformers shell: llama.cpp's is the target

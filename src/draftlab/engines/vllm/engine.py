@@ -74,7 +74,7 @@ class VllmEngine:
     def methods(self, args: argparse.Namespace) -> str:
         return DEFAULT_METHODS
 
-    def load_pair(self, args, need_draft: bool, engines: list[str]):
+    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         return None
 
     def joins(self, args, engines, target) -> list[str]:
