@@ -56,11 +56,11 @@ def test_incompatible_tokenizers(capsys, models, stories):
         (["--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
         (
             ["--method", "bild", "--fallback-threshold", "1.5"],
-            "fallback threshold must be in [0, 1], got 1.5",
+            "fallback_threshold must be in [0, 1], got 1.5",
         ),
         (
             ["--method", "bild", "--rollback-threshold", "-1"],
-            "rollback threshold must be > 0 (or inf), got -1.0",
+            "rollback_threshold must be > 0 (or inf), got -1.0",
         ),
         (["--method", "bild", "--rollback-threshold", "abc"], "'abc'"),
         (["--method", "pld", "--pld-tokens", "0"], "PLD tokens must be >= 1, got 0"),

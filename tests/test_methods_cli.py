@@ -12,7 +12,7 @@ from helpers import QUIET, pair_args, write_suite
 from draftlab.bench.records import RunInfo, read_records
 from draftlab.bench.summary import summarize
 from draftlab.cli import build_parser, main
-from draftlab.decode.spec import DEFAULTS, REGISTRY, DecoderConfig, is_speculative
+from draftlab.decode.spec import DEFAULTS, REGISTRY, DecoderConfig, declared_settings, is_speculative
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_small"
 
@@ -24,12 +24,12 @@ def test_every_cli_default_is_the_config_default():
         "draft_confidence",
         "pld_tokens",
         "max_ngram",
-        "fallback_threshold",
-        "rollback_threshold",
-        "max_small_steps",
         "fixed_k",
     ):
         assert getattr(args, name) == getattr(DEFAULTS, name), name
+    # Drafters' own settings (BiLD's thresholds): the option's default is the declared one.
+    for setting in declared_settings():
+        assert getattr(args, setting.name) == DEFAULTS.option(setting.name) == setting.default, setting.name
 
 
 def test_each_method_records_only_its_own_settings_and_draft_length():
@@ -39,7 +39,7 @@ def test_each_method_records_only_its_own_settings_and_draft_length():
         assert set(settings) - {"use_cache", "fixed_k", "tree_budget"} == set(spec.params), name
         assert ("fixed_k" in settings) == spec.cost_aware
         assert ("tree_budget" in settings) == spec.tree
-        assert spec.gamma(config) == (getattr(config, spec.draft_length) if spec.draft_length else None)
+        assert spec.gamma(config) == (config.value(spec.draft_length) if spec.draft_length else None)
     assert (
         DecoderConfig(method="pld", pld_tokens=7).spec.gamma(DecoderConfig(method="pld", pld_tokens=7)) == 7
     )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 
-from draftlab.decode.spec import DEFAULTS
+from draftlab.decode.spec import DEFAULTS, declared_settings
 from draftlab.models.loading import (
     ATTN_IMPLEMENTATIONS,
     DTYPES,
@@ -14,15 +13,6 @@ from draftlab.models.loading import (
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "smollm2-135m-draft"
 DEFAULT_HEAD = "smollm2-135m-eagle3"
-
-
-def threshold(text: str) -> float:
-    if text.lower() in ("inf", "none", "off"):
-        return math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid threshold value: '{text}'") from None
 
 
 def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
@@ -86,14 +76,6 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
     for flag, kind, default, text in (
-        ("--fallback-threshold", float, DEFAULTS.fallback_threshold, "BiLD fallback threshold in [0, 1]"),
-        (
-            "--rollback-threshold",
-            threshold,
-            DEFAULTS.rollback_threshold,
-            "BiLD rollback threshold (> 0, or inf)",
-        ),
-        ("--max-small-steps", int, DEFAULTS.max_small_steps, "BiLD: most small-model tokens per block"),
         ("--max-ngram", int, DEFAULTS.max_ngram, "PLD: longest n-gram matched"),
         (
             "--pld-tokens",
@@ -116,6 +98,14 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         ),
     ):
         g.add_argument(flag, type=kind, default=default, help=text)
+    for setting in declared_settings():  # each drafter's own, declared with its rows
+        g.add_argument(
+            setting.flag,
+            dest=setting.name,
+            type=setting.type,
+            default=setting.default,
+            help=setting.help.replace("%", "%%"),
+        )
     g.add_argument(
         "--no-kv-cache", action="store_true", help="recompute the whole sequence every step (ablation)"
     )

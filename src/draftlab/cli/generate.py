@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             "target": target.spec.name,
             "draft": draft.spec.name if draft else None,
             "gamma": config.spec.gamma(config),
+            "settings": config.settings(),
             "dtype": target.spec.dtype,
             "sizing": "cost-aware" if cost is not None else "fixed k",
             "compile_s": compiled,

@@ -8,10 +8,10 @@ import dataclasses
 from draftlab import engines as registry
 from draftlab.bench.runner import Variant, check_contexts
 from draftlab.cli import engines as engine_cli
-from draftlab.cli.common import threshold
 from draftlab.cli.run_setup import add_run_command_args, execute
 from draftlab.decode.build import check_fits
 from draftlab.decode.spec import method_spec
+from draftlab.drafters.draft_model.methods import threshold
 from draftlab.engines.base import BenchRequest
 from draftlab.errors import DraftlabError
 from draftlab.plan.configs import decoder_config, parse_list, sampling_from, variant_params
@@ -121,9 +121,7 @@ def run(args: argparse.Namespace) -> int:
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for fb in fallbacks:
             for rb in rollbacks:
-                cfg = dataclasses.replace(
-                    decoder_config(args, "bild"), fallback_threshold=fb, rollback_threshold=rb
-                )
+                cfg = decoder_config(args, "bild").with_options(fallback_threshold=fb, rollback_threshold=rb)
                 variants.append(
                     Variant(
                         f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)

@@ -9,11 +9,11 @@ is its folder plus one line there.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import math
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from draftlab.errors import DraftlabError
 
@@ -39,6 +39,42 @@ METHOD_MODULES = (
 FLAGS = ("draft", "head", "plain", "sized", "tree", "lossy")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A setting a drafter declares with its rows (`register(..., settings=...)`): its command-line
+    option (`--repeat-back` for `repeat_back`), default, bounds and record come from here, so that a
+    drafter with a setting of its own edits neither `cli/` nor `DecoderConfig`."""
+
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    # A rule the bounds cannot say: (test, what it requires), e.g. (lambda v: v > 0, "> 0").
+    rule: tuple[Callable[[Any], bool], str] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> None:
+        low = self.minimum is not None and value < self.minimum
+        high = self.maximum is not None and value > self.maximum
+        if low or high:
+            if self.minimum is not None and self.maximum is not None:
+                bounds = f"in [{self.minimum:g}, {self.maximum:g}]"
+            else:
+                bounds = f">= {self.minimum:g}" if self.minimum is not None else f"<= {self.maximum:g}"
+            raise DraftlabError(f"{self.name} must be {bounds}, got {value}")
+        if self.rule is not None and not self.rule[0](value):
+            raise DraftlabError(f"{self.name} must be {self.rule[1]}, got {value}")
+
+
+# Settings declared by drafters, beside DecoderConfig's own fields (filled with the table's rows).
+SETTINGS: dict[str, Setting] = {}
+
+
 class Decoder(Protocol):
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams) -> Generation: ...
 
@@ -49,9 +85,6 @@ class DecoderConfig:
 
     method: str = "sps"
     gamma: int = 4  # sps: draft tokens per round (with cost-aware sizing: the most per round)
-    fallback_threshold: float = 0.6  # BiLD: the small model continues while max prob >= this
-    rollback_threshold: float = 5.0  # BiLD: roll back where -log p_large(token) > this (inf: never)
-    max_small_steps: int = 10  # BiLD: at most this many small-model tokens per block
     max_ngram: int = 3  # PLD: longest n-gram to match
     pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
     use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
@@ -72,18 +105,14 @@ class DecoderConfig:
     # Exact mode (models/exact.py): every target pass over a static cache, padded to one measured
     # width, so each position scores bit for bit as in plain decoding's pass (in every dtype).
     exact: bool = False
+    # Drafters' own settings (`Setting`), as (name, value) pairs; `option(name)` reads one.
+    options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in REGISTRY:
             raise DraftlabError(f"unknown method '{self.method}' (choose from {', '.join(REGISTRY)})")
         if self.gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {self.gamma}")
-        if not 0.0 <= self.fallback_threshold <= 1.0:
-            raise DraftlabError(f"fallback threshold must be in [0, 1], got {self.fallback_threshold}")
-        if not self.rollback_threshold > 0 or math.isnan(self.rollback_threshold):
-            raise DraftlabError(f"rollback threshold must be > 0 (or inf), got {self.rollback_threshold}")
-        if self.max_small_steps < 1:
-            raise DraftlabError(f"BiLD max small steps must be >= 1, got {self.max_small_steps}")
         if self.max_ngram < 1:
             raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
         if self.pld_tokens < 1:
@@ -106,9 +135,26 @@ class DecoderConfig:
                 f"({REGISTRY[self.method].engine}'s own decoding)"
             )
 
+        for name, value in self.options:
+            if name not in SETTINGS:
+                raise DraftlabError(f"unknown setting '{name}'")
+            SETTINGS[name].check(value)
+
     @property
     def spec(self) -> MethodSpec:
         return REGISTRY[self.method]
+
+    def option(self, name: str) -> Any:
+        """A drafter's own setting: its value for this run, else its declared default."""
+        return dict(self.options).get(name, SETTINGS[name].default)
+
+    def with_options(self, **values: Any) -> DecoderConfig:
+        """This config with some of the drafters' own settings changed (each checked)."""
+        return dataclasses.replace(self, options=tuple({**dict(self.options), **values}.items()))
+
+    def value(self, name: str) -> Any:
+        """Any setting by name: a field of this class or a drafter's own."""
+        return getattr(self, name) if name in _FIELDS else self.option(name)
 
     @property
     def needs_draft(self) -> bool:
@@ -123,7 +169,7 @@ class DecoderConfig:
     def settings(self) -> dict:
         """The settings this method reads, as recorded with every result."""
         out = {"use_cache": self.use_cache}
-        out.update({name: getattr(self, name) for name in self.spec.params})
+        out.update({name: self.value(name) for name in self.spec.params})
         if self.spec.cost_aware:
             out["fixed_k"] = self.fixed_k
         if self.spec.tree:
@@ -159,6 +205,7 @@ class MethodSpec:
     # None: decoded by draftlab's own loop. Else the engine whose own decoder it is ("hf":
     # transformers' generate, "llamacpp": llama-cpp-python's, "vllm": a head only vLLM loads).
     engine: str | None = None
+    settings: tuple[str, ...] = ()  # the drafter's own settings it declared (`Setting` names)
 
     @property
     def external(self) -> bool:
@@ -173,7 +220,7 @@ class MethodSpec:
 
     def __post_init__(self) -> None:
         for name in (*self.params, *([self.draft_length] if self.draft_length else [])):
-            if name not in _FIELDS:
+            if name not in _FIELDS and name not in SETTINGS:
                 raise ValueError(f"method '{self.name}' names an unknown setting '{name}'")
 
     def build(self, config: DecoderConfig, target, draft, cost) -> Decoder:
@@ -185,7 +232,7 @@ class MethodSpec:
 
     def gamma(self, config: DecoderConfig) -> int | None:
         """The draft length to report for this method (None where it has none)."""
-        return getattr(config, self.draft_length) if self.draft_length else None
+        return config.value(self.draft_length) if self.draft_length else None
 
 
 class _Table(MutableMapping[str, MethodSpec]):
@@ -229,30 +276,58 @@ def register(
     flags: str = "",
     params: tuple[str, ...] = (),
     engine: str | None = None,
+    settings: tuple[Setting, ...] = (),
 ) -> MethodSpec:
     """Add one row. `flags`: draft (needs a draft model), head (an EAGLE-3 head, passed where a draft
     goes), plain (a baseline: one target token per pass), sized (rounds sized from the cost curve),
-    tree (token trees), lossy (not lossless by design). The first of `params` is reported as γ."""
+    tree (token trees), lossy (not lossless by design). The first of `params` is reported as γ.
+    `settings`: the drafter's own (each also named in `params` to be recorded)."""
     unknown = set(flags.split()) - set(FLAGS)
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
-    spec = MethodSpec(
-        name,
-        " ".join(summary.split()),
-        builder,
-        needs_draft="draft" in flags,
-        needs_head="head" in flags,
-        speculative="plain" not in flags,
-        cost_aware="sized" in flags,
-        params=params,
-        draft_length=params[0] if params else None,
-        seed_name=seed_name,
-        tree="tree" in flags,
-        lossless="lossy" not in flags,
-        engine=engine,
-    )
+    for setting in settings:
+        if setting.name in _FIELDS or SETTINGS.get(setting.name, setting) != setting:
+            raise ValueError(f"method '{name}' declares setting '{setting.name}', which another already is")
+    added = {s.name: s for s in settings if s.name not in SETTINGS}
+    SETTINGS.update(added)
+    try:
+        spec = MethodSpec(
+            name,
+            " ".join(summary.split()),
+            builder,
+            needs_draft="draft" in flags,
+            needs_head="head" in flags,
+            speculative="plain" not in flags,
+            cost_aware="sized" in flags,
+            params=params,
+            draft_length=params[0] if params else None,
+            seed_name=seed_name,
+            tree="tree" in flags,
+            lossless="lossy" not in flags,
+            engine=engine,
+            settings=tuple(s.name for s in settings),
+        )
+    except ValueError:
+        for setting in added:
+            del SETTINGS[setting]
+        raise
     REGISTRY[name] = spec
     return spec
+
+
+def unregister(name: str) -> None:
+    """Take a row out, with the settings no other row declares."""
+    spec = REGISTRY.pop(name)
+    kept = {s for other in REGISTRY.values() for s in other.settings}
+    for setting in spec.settings:
+        if setting not in kept:
+            SETTINGS.pop(setting, None)
+
+
+def declared_settings() -> tuple[Setting, ...]:
+    """Every drafter's own settings (the table's rows loaded first)."""
+    len(REGISTRY)
+    return tuple(SETTINGS.values())
 
 
 def method_names() -> tuple[str, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftlab.decode.spec import REGISTRY, DecoderConfig
+from draftlab.decode.spec import REGISTRY, DecoderConfig, declared_settings
 from draftlab.errors import DraftlabError
 from draftlab.sampling import SamplingParams
 
@@ -19,9 +19,6 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
     return DecoderConfig(
         method=method,
         gamma=args.gamma if gamma is None else gamma,
-        fallback_threshold=args.fallback_threshold,
-        rollback_threshold=args.rollback_threshold,
-        max_small_steps=args.max_small_steps,
         max_ngram=args.max_ngram,
         pld_tokens=args.pld_tokens,
         use_cache=not args.no_kv_cache,
@@ -31,6 +28,7 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
         tree_budget=args.tree_budget,
         # Exact mode is our own loop's: other engines' methods run as they are.
         exact=args.exact and REGISTRY[method].compilable if method in REGISTRY else args.exact,
+        options=tuple((s.name, getattr(args, s.name)) for s in declared_settings() if hasattr(args, s.name)),
     )
 
 

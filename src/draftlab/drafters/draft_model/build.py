@@ -42,9 +42,12 @@ def build_bild(config, target, draft, cost):
     proposer = BildProposer(
         cached(draft, use_cache=config.use_cache),
         target.vocab_size,
-        config.fallback_threshold,
+        config.option("fallback_threshold"),
         frozenset(target.eos_token_ids),
     )
     return SpeculativeDecoder(
-        target_of(config, target), proposer, BildRule(config.rollback_threshold), gamma=config.max_small_steps
+        target_of(config, target),
+        proposer,
+        BildRule(config.option("rollback_threshold")),
+        gamma=config.option("max_small_steps"),
     )

@@ -1,8 +1,41 @@
-"""The draft-model methods' rows of the method table."""
+"""The draft-model methods' rows of the method table, and BiLD's own settings."""
 
-from draftlab.decode.spec import register
+import argparse
+import math
+
+from draftlab.decode.spec import Setting, register
 
 BUILD = "draftlab.drafters.draft_model.build"
+
+
+def threshold(text: str) -> float:
+    """A threshold that may be off: inf, none or off mean never."""
+    if text.lower() in ("inf", "none", "off"):
+        return math.inf
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid threshold value: '{text}'") from None
+
+
+BILD_SETTINGS = (
+    Setting("max_small_steps", int, 10, "BiLD: most small-model tokens per block", minimum=1),
+    Setting(
+        "fallback_threshold",
+        float,
+        0.6,
+        "BiLD: the small model continues while its top probability is at least this, in [0, 1]",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Setting(
+        "rollback_threshold",
+        threshold,
+        5.0,
+        "BiLD: roll back a small-model token whose -log p under the large model exceeds this (> 0, or inf: never)",
+        rule=(lambda v: v > 0 and not math.isnan(v), "> 0 (or inf)"),
+    ),
+)
 
 register(
     "sps",
@@ -19,6 +52,7 @@ register(
     "Big Little Decoder (Kim et al. 2023): fallback and rollback thresholds",
     "draft lossy",
     ("max_small_steps", "fallback_threshold", "rollback_threshold"),
+    settings=BILD_SETTINGS,
 )
 register(
     "sps-tree",
