@@ -92,3 +92,32 @@ class Engine(Protocol):
         ...
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants: ...
+
+
+class EngineDefaults:
+    """What most engines answer; an engine subclasses it and overrides what it does otherwise."""
+
+    suffix = ""
+    reads_weights = False
+    predictable = True
+    compiles = False
+    batches = False
+    default_methods = "ar"
+
+    def add_args(self, group: argparse._ArgumentGroup) -> None:
+        return None
+
+    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
+        return None
+
+    def methods(self, args: argparse.Namespace) -> str:
+        return self.default_methods
+
+    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
+        return None
+
+    def joins(self, args, engines, target) -> list[str]:
+        return []
+
+    def absent(self, target) -> str | None:
+        return None

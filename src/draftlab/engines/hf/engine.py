@@ -9,7 +9,7 @@ from rich.console import Console
 
 from draftlab.bench.runner import Variant
 from draftlab.decode.spec import DecoderConfig, MethodSpec
-from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.hf import methods
 from draftlab.models.cache import local_dir, packaged_problem
 from draftlab.models.loading import LoadedModel
@@ -28,24 +28,15 @@ ROUTED_AR = "ar routed"
 FAST_AR = "ar not exact"  # plain decoding beside exact mode's, for what exactness costs
 
 
-class HfEngine:
+class HfEngine(EngineDefaults):
     name = methods.NAME
-    suffix = ""
     help = "draftlab's own decode loop over transformers models (default)"
     default_methods = DEFAULT_METHODS
     reads_weights = True
-    predictable = True
     compiles = True
-    batches = False
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         return methods.counterpart(spec)
-
-    def add_args(self, group: argparse._ArgumentGroup) -> None:
-        return None  # its options are the model, decoding and --compile options every command has
-
-    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
-        return None
 
     def methods(self, args: argparse.Namespace) -> str:
         """The default set, with the EAGLE-3 methods wherever a head is at hand (the shipped one for
@@ -62,12 +53,6 @@ class HfEngine:
         if self.name not in engines:
             return None
         return load_pair(args, need_draft, plan.dtypes if plan is not None else None)
-
-    def joins(self, args, engines, target) -> list[str]:
-        return []
-
-    def absent(self, target) -> str | None:
-        return None
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
         args, target = request.args, request.target

@@ -16,7 +16,7 @@ from draftlab.bench.records import RUN_FILE
 from draftlab.bench.runner import Variant
 from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
 from draftlab.distill.config import package_data
-from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llama_server import methods
 from draftlab.engines.llama_server.binary import find_server, server_binary
 from draftlab.engines.llama_server.convert import head_gguf
@@ -348,7 +348,7 @@ def _cost_curve(gguf) -> dict:
     return dataclasses.asdict(machine_profile(gguf).curve)
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(EngineDefaults):
     name = NAME
     suffix = SUFFIX
     help = (
@@ -357,9 +357,6 @@ class LlamaServerEngine:
         "draft-eagle3 with our head) on the target's BF16 copy (scripts/install-llamacpp.sh builds it)"
     )
     default_methods = DEFAULT_METHODS
-    reads_weights = False
-    predictable = True
-    compiles = False
     batches = True
     takes_gguf = True  # a user's .gguf target, draft and EAGLE-3 head, as they are
 
@@ -376,20 +373,8 @@ class LlamaServerEngine:
             "beside it; default: its defaults only",
         )
 
-    def check_args(self, args: argparse.Namespace, engines: list[str]) -> None:
-        return None
-
     def methods(self, args: argparse.Namespace) -> str:
         return default_methods(args)
-
-    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
-        return None
-
-    def joins(self, args, engines, target) -> list[str]:
-        return []
-
-    def absent(self, target) -> str | None:
-        return None
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
         args, examples = request.args, request.examples

@@ -13,7 +13,7 @@ from rich.console import Console
 from draftlab.bench.runner import Variant
 from draftlab.decode.build import check_fits
 from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
-from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llamacpp import methods
 from draftlab.engines.llamacpp.export import OUTTYPES
 from draftlab.engines.llamacpp.load import load_llamacpp
@@ -241,7 +241,7 @@ def other_storages(args: argparse.Namespace, gguf) -> list[str]:
     return [s for s in pair if s != gguf.spec.storage]
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(EngineDefaults):
     name = methods.NAME
     suffix = SUFFIX
     help = (
@@ -249,10 +249,6 @@ class LlamaCppEngine:
         "GGUF), with a .gguf or transformers draft (scripts/install-llamacpp.sh)"
     )
     default_methods = DEFAULT_METHODS
-    reads_weights = False
-    predictable = True
-    compiles = False
-    batches = False
     takes_gguf = True  # a user's .gguf target (and draft) as they are
 
     def counterpart(self, spec: MethodSpec) -> str | None:
@@ -265,15 +261,9 @@ class LlamaCppEngine:
         check_gguf_type(args)
         gguf_file_target(args, engines)  # a GGUF target with an engine that cannot run one: one line
 
-    def methods(self, args: argparse.Namespace) -> str:
-        return DEFAULT_METHODS
-
     def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
-        if gguf_file_target(
-            args, engines
-        ):  # a GGUF file has no transformers shell: llama.cpp's is the target
-            return load_pair(args, need_draft)
-        return None
+        # A GGUF file has no transformers shell: llama.cpp's model is the target.
+        return load_pair(args, need_draft) if gguf_file_target(args, engines) else None
 
     def joins(self, args, engines, target) -> list[str]:
         return default_llamacpp(args, engines, target)

