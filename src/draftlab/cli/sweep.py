@@ -127,16 +127,7 @@ def run(args: argparse.Namespace) -> int:
                         f"bild fb={fb:g} rb={rb:g}", cfg, target, draft, sampling, variant_params(args, cfg)
                     )
                 )
-        return execute(
-            args,
-            "sweep-bild",
-            variants,
-            {v.label: "ar" for v in variants},
-            target,
-            draft,
-            examples,
-            chosen=chosen,
-        )
+        return _against_ar(args, "sweep-bild", variants, target, draft, examples, chosen)
     if args.kind == "confidence":
         confidences = parse_list(args.confidences, float, "confidence")
         target, draft = load_pair(args, True, chosen)
@@ -147,16 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 variants.append(
                     Variant(f"{method} τ={tau:g}", cfg, target, draft, sampling, variant_params(args, cfg))
                 )
-        return execute(
-            args,
-            "sweep-confidence",
-            variants,
-            {v.label: "ar" for v in variants},
-            target,
-            draft,
-            examples,
-            chosen=chosen,
-        )
+        return _against_ar(args, "sweep-confidence", variants, target, draft, examples, chosen)
     if args.kind == "temperature":
         temperatures = parse_list(args.temperatures, float, "temperature")
         cfg = decoder_config(args, args.method)
@@ -183,6 +165,12 @@ def run(args: argparse.Namespace) -> int:
     return _ablation(args, examples, sampling, chosen)
 
 
+def _against_ar(args, kind: str, variants, target, draft, examples, chosen: dict, extra=None) -> int:
+    """Run a sweep whose every variant is compared with plain decoding (`ar`)."""
+    baselines = {v.label: "ar" for v in variants}
+    return execute(args, kind, variants, baselines, target, draft, examples, extra, chosen=chosen)
+
+
 def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: dict) -> int:
     """sps and pld with a fixed k and with cost-aware rounds, in one interleaved run."""
     target, draft = load_pair(args, True, chosen)
@@ -199,16 +187,7 @@ def _sizing(args: argparse.Namespace, examples, sampling: SamplingParams, chosen
                     label, cfg, target, draft, sampling, variant_params(args, cfg), None if fixed else cost
                 )
             )
-    return execute(
-        args,
-        "sweep-sizing",
-        variants,
-        {v.label: "ar" for v in variants},
-        target,
-        draft,
-        examples,
-        chosen=chosen,
-    )
+    return _against_ar(args, "sweep-sizing", variants, target, draft, examples, chosen)
 
 
 def _tree(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: dict) -> int:
@@ -235,17 +214,7 @@ def _tree(args: argparse.Namespace, examples, sampling: SamplingParams, chosen: 
                 Variant(f"{method} n={budget}", cfg, target, draft, sampling, variant_params(args, cfg))
             )
     extra = {"budgets": budgets, "methods": methods}
-    return execute(
-        args,
-        "sweep-tree",
-        variants,
-        {v.label: "ar" for v in variants},
-        target,
-        draft,
-        examples,
-        extra,
-        chosen=chosen,
-    )
+    return _against_ar(args, "sweep-tree", variants, target, draft, examples, chosen, extra)
 
 
 def _batching() -> list[str]:
