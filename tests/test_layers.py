@@ -34,9 +34,7 @@ STILL_NAMING_ENGINE_FOLDERS = {
     "audit/runner.py",
     "cli/audit.py",
     "cli/audit_server.py",
-    "cli/generate.py",
     "cli/models.py",
-    "cli/profile.py",
 }
 
 

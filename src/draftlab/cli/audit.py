@@ -23,7 +23,7 @@ from draftlab.audit.runner import Audit, AuditSettings, Parts, versions
 from draftlab.cli.audit_server import run_server_audit
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
-from draftlab.cli.engine_option import IN_PROCESS, add_engine_arg
+from draftlab.cli.engine_option import add_engine_arg, in_process
 from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import method_spec
 from draftlab.engines.llamacpp import engine as llamacpp_engine
@@ -75,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
-    add_engine_arg(p, (*IN_PROCESS, "llama-server"))
+    add_engine_arg(p, (*in_process(), "llama-server"))
     p.set_defaults(max_new_tokens=256, temperature=1.0, func=run)
     for action in p._actions:
         if action.dest == "max_new_tokens":

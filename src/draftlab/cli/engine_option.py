@@ -14,13 +14,14 @@ def add_engine_option(group, engines: tuple[str, ...]) -> None:
     )
 
 
-# The engines that run one generation in this process: generate, profile and audit offer them.
-IN_PROCESS = ("hf", "llamacpp")
+def in_process() -> tuple[str, ...]:
+    """The engines that decode one generation in this process: generate, profile and audit offer them."""
+    return tuple(name for name in registry.engine_names() if registry.get(name).runs_here)
 
 
-def add_engine_arg(p, engines: tuple[str, ...] = IN_PROCESS) -> None:
-    """--engine and the options of the engines that run in this process."""
+def add_engine_arg(p, engines: tuple[str, ...] | None = None) -> None:
+    """--engine (default: the engines that run in this process) and those engines' options."""
     g = p.add_argument_group("engine")
-    add_engine_option(g, engines)
-    for name in IN_PROCESS:
+    add_engine_option(g, engines or in_process())
+    for name in in_process():
         registry.get(name).add_args(g)

@@ -10,12 +10,12 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from draftlab import engines as registry
 from draftlab.cli.common import add_compile_arg, add_method_args, add_model_args
 from draftlab.cli.engine_option import add_engine_arg
 from draftlab.cli.engines import check_methods
 from draftlab.decode.build import build_decoder, check_fits, compiled_passes, warm_compiled_passes
 from draftlab.decode.spec import method_names
-from draftlab.engines.llamacpp import engine as llamacpp_engine
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
 from draftlab.models import exact
@@ -25,7 +25,7 @@ from draftlab.models.prompting import encode_prompt
 from draftlab.plan.compile import compile_seconds
 from draftlab.plan.configs import decoder_config, sampling_from
 from draftlab.plan.profiles import cost_model
-from draftlab.plan.roles import load_head, load_pair
+from draftlab.plan.roles import load_head
 from draftlab.progress import progress_bar
 
 
@@ -54,23 +54,22 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError("empty prompt")
     config = dataclasses.replace(decoder_config(args, args.method), compile=args.compile, exact=args.exact)
     params = sampling_from(args)
-    llamacpp = args.engine == "llamacpp"
-    if llamacpp and args.exact:
-        raise DraftlabError("--exact is for the hf engine (our own passes); llama.cpp runs its own kernels")
-    if llamacpp and args.compile:
+    engine = registry.get(args.engine)
+    if not engine.compiles and args.exact:
         raise DraftlabError(
-            "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
+            f"--exact is for the hf engine (our own passes); {args.engine} runs its own kernels"
+        )
+    if not engine.compiles and args.compile:
+        raise DraftlabError(
+            f"--compile is for the hf engine (compiled transformers passes); {args.engine} runs its own kernels"
         )
     check_methods([args.method], [args.engine])
-    if llamacpp:
-        llamacpp_engine.check_method(args.method)
-        target, draft = llamacpp_engine.load_pair(args, config.needs_draft)
-    elif config.spec.needs_head:
-        target, _ = load_pair(args, False)
+    if config.spec.needs_head:  # the head reads the target's hidden states: an engine that loads them
+        target, _ = engine.load_here(args, False)
         check_fits(config, target)
         draft = load_head(args, target, args.method)
     else:
-        target, draft = load_pair(args, config.needs_draft)
+        target, draft = engine.load_here(args, config.needs_draft)
     check_fits(config, target)
     ids = encode_prompt(target, prompt, chat=args.chat)
     check_context(target, draft if config.needs_draft else None, len(ids), args.max_new_tokens)
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     s = result.stats
     table = Table(
         title=f"{args.method} · target {target.spec.name}"
-        + (f" ({args.engine})" if llamacpp else "")
+        + (f" ({args.engine})" if engine.suffix else "")
         + (f" · draft {draft.spec.name}" if draft else "")
     )
     for col in (

@@ -11,13 +11,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from draftlab import engines as registry
 from draftlab.bench.runner import plan_need
 from draftlab.bench.suites import load_suite
 from draftlab.cli.common import add_compile_arg, add_model_args
 from draftlab.cli.engine_option import add_engine_arg
 from draftlab.decode.cost import CostModel, break_even_alpha
 from draftlab.drafters.eagle3.io import load_head_lm
-from draftlab.engines.llamacpp import engine as llamacpp_engine
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--repeats must be >= 1, got {args.repeats}")
     if args.context < 1:
         raise DraftlabError(f"--context must be >= 1, got {args.context}")
-    if args.compile and args.engine == "llamacpp":
+    if args.compile and not registry.get(args.engine).compiles:
         raise DraftlabError(
             "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
         )
@@ -167,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[yellow]no compiled profile of {target_name} ({dtype}): {error}[/]")
                 results.setdefault("compile_failed", {})[dtype] = str(error)
             del target
-    if args.engine == "llamacpp":
-        results["engine"] = "llamacpp"
+    if not registry.get(args.engine).reads_weights:
+        results["engine"] = args.engine
     else:
         chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
         results["dtype_choice"] = {
@@ -231,9 +231,10 @@ def _limit(console: Console, lm, profile: Profile, bandwidth) -> dict:
 def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None, dtypes, device):
     """(dtype, [(role, model)]) per profiled setting, loaded one at a time: on hf one per dtype; on
     llama.cpp one, in the GGUF's own quantization (a transformers draft beside it in float32)."""
-    if args.engine == "llamacpp":
+    engine = registry.get(args.engine)
+    if not engine.reads_weights:  # the engine's own model, in its own storage
         args.target, args.draft = target_name, draft_name
-        target, draft = llamacpp_engine.load_pair(args, draft_name is not None)
+        target, draft = engine.load_here(args, draft_name is not None)
         yield target.spec.dtype, [("target", target)] + ([("draft", draft)] if draft is not None else [])
         return
     for dtype in dtypes:

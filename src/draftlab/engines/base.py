@@ -60,6 +60,7 @@ class Engine(Protocol):
     predictable: bool  # whether cost profiles predict its times (a run's time budget needs them)
     compiles: bool  # whether it runs our loop's own passes, compiled (--compile) and exact (--exact)
     batches: bool  # whether it serves many requests at once (`sweep concurrency`)
+    runs_here: bool  # whether it decodes in this process (`load_here`): generate, profile, audit
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         """Its own name for this method ("" for plain decoding where it has none), None if it cannot run it."""
@@ -83,6 +84,13 @@ class Engine(Protocol):
         """Target and draft where this engine is the one that loads them (e.g. a GGUF target), else None."""
         ...
 
+    def load_here(
+        self, args: argparse.Namespace, need_draft: bool
+    ) -> tuple[LoadedModel, LoadedModel | None] | None:
+        """Target and draft for a command that decodes in this process (generate, profile, audit);
+        None where the engine decodes elsewhere (a server, vLLM)."""
+        ...
+
     def joins(self, args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
         """Methods it adds to a run that did not name it: the fastest plain decoding a user has."""
         ...
@@ -102,6 +110,7 @@ class EngineDefaults:
     predictable = True
     compiles = False
     batches = False
+    runs_here = False  # decodes one generation in this process: generate, profile and audit offer it
     default_methods = "ar"
 
     def add_args(self, group: argparse._ArgumentGroup) -> None:
@@ -114,6 +123,9 @@ class EngineDefaults:
         return self.default_methods
 
     def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
+        return None
+
+    def load_here(self, args, need_draft: bool):
         return None
 
     def joins(self, args, engines, target) -> list[str]:

@@ -34,6 +34,7 @@ class HfEngine(EngineDefaults):
     default_methods = DEFAULT_METHODS
     reads_weights = True
     compiles = True
+    runs_here = True
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         return methods.counterpart(spec)
@@ -53,6 +54,9 @@ class HfEngine(EngineDefaults):
         if self.name not in engines:
             return None
         return load_pair(args, need_draft, plan.dtypes if plan is not None else None)
+
+    def load_here(self, args, need_draft: bool):
+        return load_pair(args, need_draft)
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
         args, target = request.args, request.target

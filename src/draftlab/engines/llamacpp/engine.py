@@ -250,6 +250,7 @@ class LlamaCppEngine(EngineDefaults):
     )
     default_methods = DEFAULT_METHODS
     takes_gguf = True  # a user's .gguf target (and draft) as they are
+    runs_here = True
 
     def counterpart(self, spec: MethodSpec) -> str | None:
         return methods.counterpart(spec)
@@ -264,6 +265,9 @@ class LlamaCppEngine(EngineDefaults):
     def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         # A GGUF file has no transformers shell: llama.cpp's model is the target.
         return load_pair(args, need_draft) if gguf_file_target(args, engines) else None
+
+    def load_here(self, args, need_draft: bool):
+        return load_pair(args, need_draft)
 
     def joins(self, args, engines, target) -> list[str]:
         return default_llamacpp(args, engines, target)
