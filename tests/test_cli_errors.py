@@ -63,7 +63,7 @@ def test_incompatible_tokenizers(capsys, models, stories):
             "rollback_threshold must be > 0 (or inf), got -1.0",
         ),
         (["--method", "bild", "--rollback-threshold", "abc"], "'abc'"),
-        (["--method", "pld", "--pld-tokens", "0"], "PLD tokens must be >= 1, got 0"),
+        (["--method", "pld", "--pld-tokens", "0"], "pld_tokens must be >= 1, got 0"),
         (["--gamma", "two"], "'two'"),
         (["--method", "nope"], "'nope'"),
     ],

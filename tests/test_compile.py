@@ -141,7 +141,7 @@ def test_compiled_eagle_writes_plain_decodings_tokens(story_model, story_head):
     """`eagle` under --compile: the target's passes compiled, the head eager on their features."""
     ids = encode_prompt(story_model, "Once upon a time, there was a little cat named Tom.", chat=False)
     plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 80, GREEDY)
-    config = DecoderConfig(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
+    config = DecoderConfig.of(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
     decoder = build_decoder(config, story_model, story_head)
     assert decoder.target.compiled is not None
     got = decoder.generate(ids, 80, GREEDY)
@@ -320,9 +320,9 @@ def test_compiled_rounds_draft_no_more_than_the_longest_compiled_pass_verifies(s
         ("sps", "gamma", story_model),
         ("eagle", "gamma", story_head),
     ):
-        eager = build_decoder(DecoderConfig(method=method, **{field: 10}), story_model, second)
+        eager = build_decoder(DecoderConfig.of(method=method, **{field: 10}), story_model, second)
         compiled = build_decoder(
-            DecoderConfig(method=method, compile=True, **{field: 10}), story_model, second
+            DecoderConfig.of(method=method, compile=True, **{field: 10}), story_model, second
         )
         assert (eager.gamma, compiled.gamma) == (10, PASS_SIZES[-1] - 1), method
 
@@ -340,7 +340,7 @@ def test_a_warmed_target_compiles_nothing_while_it_generates(story_model, story_
     ready = dict(steps.compile_seconds)
     assert list(ready) == [512]
     decoder.generate(ids, 8, GREEDY)
-    config = DecoderConfig(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
+    config = DecoderConfig.of(method="eagle", compile=True, fixed_k=True, gamma=3, draft_confidence=0.0)
     eagle = build_decoder(config, story_model, story_head)
     calls = steps.calls
     got = eagle.generate(ids, 12, GREEDY)
@@ -439,7 +439,7 @@ def test_compiled_tree_methods_write_plain_decodings_tokens(story_model, story_h
         second = story_head if method == "eagle-tree" else draft
         for budget in (None, 16, 3):
             cost = CostModel(FLAT, curve({1: 4.0, 2: 4.2, 16: 6.0}), clock=TickClock())
-            config = DecoderConfig(method=method, compile=True, tree_budget=budget, gamma=4, pld_tokens=10)
+            config = DecoderConfig.of(method=method, compile=True, tree_budget=budget, gamma=4, pld_tokens=10)
             decoder = build_decoder(config, story_model, second, cost if budget is None else None)
             assert decoder.trees, f"{method}: trees, not the chain fallback"
             calls = steps.calls

@@ -44,7 +44,7 @@ def load(path: str, device: str = "cuda", dtype: str = "float32"):
 
 def generate(method: str, target, draft, prompt: str, max_new: int = 48, **kw):
     ids = encode_prompt(target, prompt, chat=False)
-    config = DecoderConfig(method=method, gamma=4, **kw)
+    config = DecoderConfig.of(method=method, gamma=4, **kw)
     return ids, build_decoder(config, target, draft).generate(ids, max_new, GREEDY)
 
 

@@ -157,7 +157,7 @@ def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
     params = SamplingParams()
     ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 48, params)
     budget = 10 if method == "eagle-tree" else None
-    config = DecoderConfig(method, gamma=4, tree_budget=budget, draft_confidence=0.0)
+    config = DecoderConfig.of(method=method, gamma=4, tree_budget=budget, draft_confidence=0.0)
     got = build_decoder(config, target, head_lm).generate(prompt, 48, params)
     assert got.stats.drafted > 0
     assert got.stats.target_calls < ar.stats.target_calls or got.stats.accepted == 0

@@ -26,7 +26,7 @@ def run_error(capsys, argv: list[str]) -> str:
 
 
 def test_our_methods_map_onto_vllms_speculative_config():
-    config = DecoderConfig(method="pld", pld_tokens=7, max_ngram=5)
+    config = DecoderConfig.of(method="pld", pld_tokens=7, max_ngram=5)
     assert speculative_config(config, None, None) == {
         "method": "ngram",
         "num_speculative_tokens": 7,

@@ -56,7 +56,7 @@ def story_pair(stories, tmp_path_factory):
 
 
 def _generate(method, target, draft, ids, compile=False, n=120, params=GREEDY):
-    config = DecoderConfig(method=method, exact=True, compile=compile, pld_tokens=6)
+    config = DecoderConfig.of(method=method, exact=True, compile=compile, pld_tokens=6)
     cost = None
     if config.adaptive:
         draft_curve = flat_curve({1: 0.5, 2: 0.6, 8: 1.0}) if config.needs_draft else None

@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import draftlab
+from draftlab import engines
 
 SRC = Path(draftlab.__file__).parent
 
@@ -19,23 +20,14 @@ LAYERS = (
     ("models", "verify", "proposers", "outputs"),
     ("decode",),
     ("bench", "distill"),
+    ("audit",),
     ("drafters",),
     ("plan",),
     ("engines",),
-    ("audit",),
     ("cli",),
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 ENGINE_FOLDERS = {"hf", "llamacpp", "llama_server", "vllm"}
-# Modules outside engines/ that still import an engine's folder directly (issue 48: the commands
-# go through the engine objects); this list only shrinks.
-STILL_NAMING_ENGINE_FOLDERS = {
-    "audit/law.py",
-    "audit/runner.py",
-    "cli/audit.py",
-    "cli/audit_server.py",
-    "cli/models.py",
-}
 
 
 def _imports() -> dict[str, list[str]]:
@@ -97,16 +89,51 @@ def test_the_checks_fail_on_an_import_that_runs_up(tmp_path, monkeypatch):
         raise AssertionError("an upward import was not caught")
 
 
-def test_only_engines_and_the_listed_modules_import_an_engines_folder():
-    naming = {
-        module
-        for module, imported in _imports().items()
-        if not module.startswith("engines/")
-        and any(
-            m.split(".")[:3][-1] in ENGINE_FOLDERS and m.startswith("draftlab.engines.") for m in imported
-        )
-    }
-    assert naming <= STILL_NAMING_ENGINE_FOLDERS, f"new: {sorted(naming - STILL_NAMING_ENGINE_FOLDERS)}"
-    assert naming == STILL_NAMING_ENGINE_FOLDERS, (
-        f"moved, take off the list: {sorted(STILL_NAMING_ENGINE_FOLDERS - naming)}"
+def _engine_namings() -> list[str]:
+    """Modules outside engines/ that import an engine's folder (also by a dotted string, as importlib
+    would), or compare a value with an engine's name: they should ask the engine object instead."""
+    names = set(engines.engine_names()) | {"llama_server"}
+    found = []
+    for path in SRC.rglob("*.py"):
+        module = path.relative_to(SRC).as_posix()
+        if module.startswith("engines/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                dotted = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                dotted = [node.value]
+            else:
+                dotted = []
+            for m in dotted:
+                parts = m.split(".")
+                if parts[:2] == ["draftlab", "engines"] and len(parts) > 2 and parts[2] in ENGINE_FOLDERS:
+                    found.append(f"{module}:{node.lineno} names {m}")
+            if isinstance(node, ast.Compare):
+                for operand in [node.left, *node.comparators]:
+                    values = (
+                        operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                    )
+                    for v in values:
+                        if isinstance(v, ast.Constant) and v.value in names:
+                            found.append(f"{module}:{node.lineno} compares with engine '{v.value}'")
+    return found
+
+
+def test_only_engines_name_an_engine():
+    assert _engine_namings() == []
+
+
+def test_a_module_naming_an_engine_is_caught(tmp_path, monkeypatch):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bad.py").write_text(
+        'from draftlab.engines.vllm.engine import VllmEngine\nok = lambda e: e.name != "llamacpp"\n'
     )
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    assert _engine_namings() == [
+        "bench/bad.py:1 names draftlab.engines.vllm.engine",
+        "bench/bad.py:1 names draftlab.engines.vllm.engine.VllmEngine",
+        "bench/bad.py:2 compares with engine 'llamacpp'",
+    ]

@@ -11,10 +11,9 @@ import pytest
 from test_metrics_unit import rec, run_info
 
 from draftlab.audit.checks import MethodAudit
-from draftlab.audit.server import RECHECK, ServerAudit
-from draftlab.bench.server_summary import server_section
-from draftlab.bench.server_tables import server_rounds_table, server_settings_table
 from draftlab.decode.stats import Generation, GenerationStats
+from draftlab.engines.llama_server.audit import RECHECK, ServerAudit
+from draftlab.engines.llama_server.report import server_rounds_table, server_section, server_settings_table
 from draftlab.engines.llama_server.tuning import (
     ALL,
     CANDIDATES,
@@ -184,7 +183,7 @@ def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_expla
     copy: matching the plain server there is rounding; differing there with the token a one-pass
     scoring of the prefix picks is rounding too; any other token is a defect."""
     monkeypatch.setattr("draftlab.audit.runner.logit_gap", lambda *a: 0.01)
-    monkeypatch.setattr("draftlab.audit.server.one_pass_choice", lambda lm, prefix: one_pass)
+    monkeypatch.setattr("draftlab.engines.llama_server.audit.one_pass_choice", lambda lm, prefix: one_pass)
     served, copy = _Pool(), _Pool()
     decoders = {"ar": _Decoder([1, 2, 3], served), "ngram-mod": _Decoder([1, 5, 3], served)}
     made = []

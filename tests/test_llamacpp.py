@@ -568,7 +568,8 @@ def test_profile_measures_llamacpp(capsys, target, tmp_path, own_profiles):
     out = tmp_path / "profile"
     assert main(["profile", "--engine", "llamacpp", "--target", TARGET, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "llama.cpp" in printed and "Break-even" in printed
+    printed = " ".join(printed.split())  # a title the console wrapped, whole again
+    assert "Q4_1 · llamacpp" in printed and "Break-even" in printed
     result = json.loads((out / "profile.json").read_text())
     assert result["engine"] == "llamacpp" and list(result["profiles"]) == ["target/Q4_1"]
     assert result["profiles"]["target/Q4_1"]["curve"]["ms"][0][0] == pytest.approx(10.0)
@@ -602,13 +603,13 @@ def test_audit_of_an_exported_storage_rechecks_on_the_checkpoint(capsys, tmp_pat
     """`--gguf-type bf16`: llama.cpp's BF16 passes of one and of several tokens round differently even
     on one thread, so a difference is rerun on the transformers checkpoint in float32, not on one
     thread; the target's own Q4_1 file keeps the one-thread recheck."""
-    from draftlab.audit.runner import Audit
+    from draftlab.engines.llamacpp.audit import LlamaCppRecheck
 
     def lm(storage):
         return SimpleNamespace(engine="llamacpp", spec=SimpleNamespace(name=TARGET, storage=storage))
 
-    assert Audit.recheck_key(lm("bf16"), None) == "float32"
-    assert Audit.recheck_key(lm("own"), None) == "one_thread"
+    assert LlamaCppRecheck().key(lm("bf16"), None) == "float32"
+    assert LlamaCppRecheck().key(lm("own"), None) == "one_thread"
     out = tmp_path / "audit.json"
     argv = [
         "audit",

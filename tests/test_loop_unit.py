@@ -690,26 +690,35 @@ class FakeTreeSizer(TreeSizer):
 
 
 class SizedTreeProposer(TreeProposer):
-    """A tree proposer with the draft-model flags the loop reads."""
+    """A tree proposer whose drafting is free (a lookup tree): the sizer only fits its tree."""
 
-    def __init__(self, draft_passes=False, has_lookup=False):
+    def __init__(self):
         super().__init__()
-        self.draft_passes = draft_passes
-        self.has_lookup = has_lookup
         self.lookups: list[int] = []
         self.seen: list[tuple] = []
 
     def lag(self, sequence):
         return len(sequence) + 2
 
+    def propose(self, sequence, k, params, sampler):
+        self.seen.append((getattr(self, "use_draft", None), getattr(self, "min_value", None)))
+        self.forward_calls += 2
+        return super().propose(sequence, k, params, sampler)
+
+
+class DraftTreeFake(SizedTreeProposer):
+    """SizedDrafting (proposers/capabilities.py): the sizer decides whether it drafts."""
+
+    use_draft = True
+    min_value = 0.0
+
+
+class HybridFake(DraftTreeFake):
+    """SizedDrafting and LookupPart: a free lookup tree beside the draft's."""
+
     def lookup_tree(self, sequence):
         self.lookups.append(len(sequence))
         return Proposal([sequence[-1]], parents=[-1])
-
-    def propose(self, sequence, k, params, sampler):
-        self.seen.append((self.use_draft, self.min_value))
-        self.forward_calls += 2
-        return super().propose(sequence, k, params, sampler)
 
 
 def test_a_free_tree_round_is_fitted_by_the_sizer():
@@ -746,7 +755,7 @@ def test_a_tree_round_without_free_drafts_times_nothing_and_respects_the_budget(
 
 def test_a_draft_tree_round_asks_the_sizer_whether_to_draft():
     sizer = FakeTreeSizer(wants=None)
-    proposer = SizedTreeProposer(draft_passes=True)
+    proposer = DraftTreeFake()
     dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=3, sizer=sizer)
     out = dec.generate([5], 3, GREEDY)
     assert out.tokens == chain(5, 3)
@@ -761,7 +770,7 @@ def test_a_draft_tree_round_asks_the_sizer_whether_to_draft():
 def test_a_draft_tree_round_the_sizer_declines_is_a_plain_step():
     plain = Choice(0, 1.0, 2.0, 2.0, False)
     sizer = FakeTreeSizer(wants=plain)
-    proposer = SizedTreeProposer(draft_passes=True)
+    proposer = DraftTreeFake()
     target = FakeTarget()
     dec = SpeculativeDecoder(target, proposer, SpeculativeRule(), gamma=3, sizer=sizer)
     out = dec.generate([5], 2, GREEDY)
@@ -779,7 +788,7 @@ def test_a_draft_tree_round_the_sizer_declines_is_a_plain_step():
 def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
     plain = Choice(0, 1.0, 2.0, 2.0, False)
     sizer = FakeTreeSizer(wants=plain)
-    proposer = SizedTreeProposer(draft_passes=True, has_lookup=True)
+    proposer = HybridFake()
     dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=3, sizer=sizer)
     out = dec.generate([5], 3, GREEDY)
     assert out.tokens == chain(5, 3)

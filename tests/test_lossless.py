@@ -165,8 +165,8 @@ def test_nothing_is_drafted_or_verified_past_an_end_token(loaded):
 def test_hf_assisted_decoders_sharing_a_draft_keep_their_own_settings(loaded):
     """HF reads γ and the confidence threshold from the draft's generation config, which is shared."""
     target, draft = loaded("llama")
-    eager = build_decoder(DecoderConfig(method="hf-assisted", draft_confidence=0.0), target, draft)
-    cautious = build_decoder(DecoderConfig(method="hf-assisted", draft_confidence=0.9), target, draft)
+    eager = build_decoder(DecoderConfig.of(method="hf-assisted", draft_confidence=0.0), target, draft)
+    cautious = build_decoder(DecoderConfig.of(method="hf-assisted", draft_confidence=0.9), target, draft)
     ids = encode_prompt(target, PROMPTS[1], chat=False)
     first = eager.generate(ids, 40, GREEDY)
     stopped = cautious.generate(ids, 40, GREEDY)

@@ -41,7 +41,8 @@ def test_each_method_records_only_its_own_settings_and_draft_length():
         assert ("tree_budget" in settings) == spec.tree
         assert spec.gamma(config) == (config.value(spec.draft_length) if spec.draft_length else None)
     assert (
-        DecoderConfig(method="pld", pld_tokens=7).spec.gamma(DecoderConfig(method="pld", pld_tokens=7)) == 7
+        DecoderConfig.of(method="pld", pld_tokens=7).spec.gamma(DecoderConfig.of(method="pld", pld_tokens=7))
+        == 7
     )
     assert not is_speculative("ar") and not is_speculative("hf-greedy") and is_speculative("pld")
 

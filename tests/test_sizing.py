@@ -278,7 +278,7 @@ def test_measure_reports_every_point(tiny_pair):
 def _sized(method, target, draft, shape, draft_shape=None, gamma=4, clock=None):
     """A cost-sized decoder on synthetic curves, timed by a TickClock (10 µs a reading) unless told
     otherwise: its choices depend on the curves and the tokens, not on how busy the machine is."""
-    config = DecoderConfig(method=method, gamma=gamma, draft_confidence=0.0)
+    config = DecoderConfig.of(method=method, gamma=gamma, draft_confidence=0.0)
     cost = CostModel(shape, draft_shape if method == "sps" else None, clock=clock or TickClock(0.01))
     return build_decoder(config, target, draft, cost)
 

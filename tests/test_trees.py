@@ -144,7 +144,7 @@ def test_greedy_tree_rule_follows_the_targets_argmax_through_any_branch():
 
 
 def _tree_decoder(method, target, draft, budget=None, cost=None, gamma=4):
-    config = DecoderConfig(method=method, gamma=gamma, tree_budget=budget, pld_tokens=6)
+    config = DecoderConfig.of(method=method, gamma=gamma, tree_budget=budget, pld_tokens=6)
     return build_decoder(config, target, draft, cost)
 
 

@@ -32,7 +32,7 @@ def test_vllms_global_counters_match_the_per_request_counts():
     extra = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 4}
     pool = EnginePool(target, target, "float32", 0, EngineArgs(extra=extra))
     try:
-        decoder = VllmDecoder(pool, DecoderConfig(method="pld", pld_tokens=4), tokenizer, [2])
+        decoder = VllmDecoder(pool, DecoderConfig.of(method="pld", pld_tokens=4), tokenizer, [2])
         text = "Repeat exactly: the red fox ran under the big tree. the red fox ran under the big tree."
         ids = tokenizer(text)["input_ids"]
         before = read_counters(decoder.llm)

@@ -64,8 +64,8 @@ def next_token_logits(
     Straight through the model (transformers' own cache, batched over `firsts`), sharing no code
     with the decode loop's cache handling.
     """
-    if lm.engine == "llamacpp":
-        return _llamacpp_next_token_logits(lm, prompt_ids, firsts)
+    if getattr(lm, "cached_model", None) is not None:  # a model that brings its own passes (llama.cpp)
+        return _own_passes_next_token_logits(lm, prompt_ids, firsts)
     model = lm.model
     device = lm.device
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -100,11 +100,12 @@ def next_token_logits(
     return first, torch.cat(rows) if rows else torch.empty(0)
 
 
-def _llamacpp_next_token_logits(
+def _own_passes_next_token_logits(
     lm, prompt_ids: list[int], firsts: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same for a GGUF run by llama.cpp: one pass over the prompt, then one 1-token pass per
-    first token a, each after removing the last from the cache (llama.cpp's own rollback)."""
+    """The same for a model with its own cache-aware passes (a GGUF run by llama.cpp): one pass over
+    the prompt, then one 1-token pass per first token a, each after removing the last from the cache
+    (the engine's own rollback)."""
     from draftlab.models.cached import cached  # noqa: PLC0415
 
     runner = cached(lm)
@@ -273,10 +274,9 @@ def reuse_prefix(lm: LoadedModel, prompt_ids: list[int]) -> LoadedModel:
     """
     if lm.is_encoder_decoder or len(prompt_ids) < 2:
         return lm
-    if lm.engine == "llamacpp":
-        from draftlab.engines.llamacpp.model import keep_prefix  # noqa: PLC0415
-
-        return keep_prefix(lm, prompt_ids[:-1])
+    keep = getattr(lm, "keep_prefix", None)  # a model that keeps a prefix in its own cache (llama.cpp)
+    if keep is not None:
+        return keep(prompt_ids[:-1])
     return dataclasses.replace(lm, model=_PrefixReuse(lm.model, prompt_ids[:-1]))
 
 

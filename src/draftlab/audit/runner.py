@@ -2,8 +2,9 @@
 or on one llama.cpp thread), and 2-token samples against the target's exact law, with a wrong rule
 beside them to show the test's power.
 
-The command line (cli/audit.py) hands in how to configure a method, price it and load a copy; this
-module knows nothing of argparse.
+The command line (cli/audit.py) hands in how to configure a method, price it and load a copy, and
+the engine its rerun (`Recheck`: float32 copies here; llama.cpp's one-thread copies in its folder);
+this module knows nothing of argparse or of any engine.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Protocol
 
 import torch
@@ -22,7 +22,6 @@ from draftlab.audit.law import ResampleFromTargetRule, reuse_prefix, sample_pair
 from draftlab.decode.build import build_decoder, warm_compiled_passes
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DecoderConfig
-from draftlab.engines.llamacpp.model import OWN_STORAGE
 from draftlab.models.cached import cached
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import LoadedModel, ModelSpec
@@ -47,15 +46,40 @@ class AuditSettings:
     params: SamplingParams  # the sampling check's
 
 
+class Recheck(Protocol):
+    """Where a greedy difference is rerun, and the record key of that rerun: an engine's own."""
+
+    def key(self, target: LoadedModel, draft: LoadedModel | None) -> str | None:
+        """The record key of the rerun this pair gets on a difference, or None (nothing to rerun)."""
+        ...
+
+    def copy(self, lm: LoadedModel) -> LoadedModel:
+        """The copy of one model of the pair that the rerun decodes with."""
+        ...
+
+
+@dataclass(frozen=True)
+class Float32Recheck:
+    """Transformers models: a difference in bfloat16 or float16 is rerun on float32 copies."""
+
+    load: Callable[[ModelSpec], LoadedModel]
+
+    def key(self, target: LoadedModel, draft: LoadedModel | None) -> str | None:
+        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
+        return "float32" if low else None
+
+    def copy(self, lm: LoadedModel) -> LoadedModel:
+        return self.load(dataclasses.replace(lm.spec, dtype="float32"))
+
+
 @dataclass(frozen=True)
 class Parts:
-    """What the audit asks of its caller: a method's configuration, a pair's cost model, and copies of
-    a model for rechecks (a transformers spec, or a llama.cpp model on one thread)."""
+    """What the audit asks of its caller: a method's configuration, a pair's cost model, and the
+    engine's rerun of a difference."""
 
     config_of: Callable[[str], DecoderConfig]
     cost_of: Callable[[LoadedModel, LoadedModel | None], CostModel]
-    load: Callable[[ModelSpec], LoadedModel]
-    one_thread: Callable[[LoadedModel], LoadedModel]
+    recheck: Recheck
 
 
 def token_text(lm: LoadedModel, token: int | None) -> str:
@@ -68,7 +92,7 @@ def logit_gap(lm: LoadedModel, ids: list[int], a: int, b: int | None) -> float |
     """logit(a) - logit(b) where ar wrote a and the method b: how near a tie the choice was."""
     if b is None:
         return None
-    if lm.engine == "llamacpp":
+    if getattr(lm, "cached_model", None) is not None:  # a model that brings its own passes
         runner = cached(lm)
         runner.start(ids)
         logits = runner.forward(ids, keep=1)[-1]
@@ -112,22 +136,15 @@ class Audit:
         return {m: build_decoder(c, target, draft, cost if c.adaptive else None) for m, c in configs.items()}
 
     def recheck_pair(self, target: LoadedModel, draft: LoadedModel | None):
-        """The pair a difference is rerun on: float32 copies, or on llama.cpp one-thread copies (there
-        every pass size takes the same kernels; the GGUF's quantization cannot change)."""
+        """The pair a difference is rerun on: the engine's copies (float32 ones, or llama.cpp's on one
+        thread, where every pass size takes the same kernels)."""
         if self.rechecked is None:
-            self.rechecked = (
-                self._recheck_copy(target),
-                self._recheck_copy(draft) if draft is not None else None,
-            )
+            copy = self.parts.recheck.copy
+            self.rechecked = (copy(target), copy(draft) if draft is not None else None)
         return self.rechecked
 
-    @staticmethod
-    def recheck_key(target, draft) -> str | None:
-        """The record key of the rerun this pair gets on a difference, or None (nothing to rerun)."""
-        if target.engine == "llamacpp":
-            return "float32" if checkpoint_of(target) else "one_thread"
-        low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
-        return "float32" if low else None
+    def recheck_key(self, target, draft) -> str | None:
+        return self.parts.recheck.key(target, draft)
 
     def greedy(self, audits, target, draft, cost, prompts):
         decoders = self.decoders([a.method for a in audits], target, draft, cost)
@@ -204,16 +221,16 @@ class Audit:
         args = self.args
         t32, d32 = self.recheck_pair(target, draft)
         self.bar.add(2 if i not in self.ar_rechecked else 1)
-        how = "one-thread" if target.engine == "llamacpp" else "float32"
+        how = (self.recheck_key(target, draft) or "float32").replace("_", "-")
         self.bar.say(f"greedy · prompt {i + 1} · {how} recheck · {method}")
         if i not in self.ar_rechecked:
             ar = build_decoder(self.parts.config_of("ar"), t32)
             self.ar_rechecked[i] = ar.generate(ids, args.max_new_tokens, GREEDY).tokens
             self.bar.step()
         config = self.parts.config_of(method)
-        # On one llama.cpp thread every pass size rounds alike, so how rounds are sized cannot matter
-        # there, and fixed k spares profiling the copy.
-        sized = config.adaptive and not t32.engine == "llamacpp"
+        # A copy with its own passes (llama.cpp on one thread) rounds alike at every pass size, so how
+        # rounds are sized cannot matter there, and fixed k spares profiling the copy.
+        sized = config.adaptive and getattr(t32, "cached_model", None) is None
         cost = self.parts.cost_of(t32, d32 if config.needs_draft else None) if sized else None
         tokens = build_decoder(config, t32, d32, cost).generate(ids, args.max_new_tokens, GREEDY).tokens
         self.bar.step()
@@ -242,14 +259,6 @@ class Audit:
     @property
     def params(self) -> SamplingParams:
         return self.args.params
-
-    def _recheck_copy(self, lm):
-        checkpoint = checkpoint_of(lm)
-        if checkpoint:
-            return self.parts.load(ModelSpec(checkpoint, dtype="float32"))
-        if lm.engine == "llamacpp":
-            return self.parts.one_thread(lm)
-        return self.parts.load(dataclasses.replace(lm.spec, dtype="float32"))
 
     def sampling(self, audits, target, draft, prefixes, alpha_per_test) -> dict | None:
         args = self.args
@@ -304,17 +313,5 @@ def power_method(audits, configs, target, draft) -> str | None:
     return min(found)[1] if found else None
 
 
-def checkpoint_of(lm) -> str | None:
-    """The transformers checkpoint a llama.cpp model was exported from (`--gguf-type` other than own),
-    or None. Its storages are not batch-invariant even on one thread (BF16 and F32 passes of one and
-    of several tokens differed by up to 0.23 and 0.012 in the logits on the Zen5, where the Q4_1 file's
-    were bitwise equal), so a difference is rerun on the checkpoint in float32 instead."""
-    storage = getattr(lm.spec, "storage", OWN_STORAGE)
-    return lm.spec.name if lm.engine == "llamacpp" and storage != OWN_STORAGE else None
-
-
-def versions(target) -> dict:
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    if target.engine == "llamacpp":
-        versions["llama_cpp"] = metadata.version("llama-cpp-python")
-    return versions
+def versions() -> dict:
+    return {"torch": torch.__version__, "transformers": transformers.__version__}

@@ -6,6 +6,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from draftlab.bench.records import Record, RunInfo
 
+# The engine of a record that names none, and of a label without "@engine": draftlab's own loop.
+OWN_LOOP = "hf"
+
 
 def label_order(records: Sequence[Record], run: RunInfo) -> list[str]:
     """The baseline first, then RunInfo.labels, then any other label in order of appearance."""

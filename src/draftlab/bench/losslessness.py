@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from draftlab.bench.labels import OWN_LOOP
 from draftlab.bench.records import Record
 
 
@@ -24,7 +25,7 @@ def _where(r: Record) -> tuple:
     """What makes two generations comparable token for token: engine, storage, dtype, how the
     passes ran (compiled packages round unlike eager kernels; exact mode unlike either) and input."""
     how = (bool(r.params.get("compile")), bool(r.params.get("exact")))
-    return (r.params.get("engine", "hf"), r.dtype, *how, r.example_id, r.turn, r.repeat)
+    return (r.params.get("engine", OWN_LOOP), r.dtype, *how, r.example_id, r.turn, r.repeat)
 
 
 def _comparable(r: Record) -> bool:

@@ -23,7 +23,7 @@ from draftlab.bench.report_warnings import warnings
 from draftlab.bench.result_lines import result_lines
 from draftlab.bench.round_split import round_split_table
 from draftlab.bench.run_header import header_lines
-from draftlab.bench.server_tables import server_rounds_table, server_settings_table
+from draftlab.bench.sections import section_tables
 from draftlab.bench.sizing_tables import sizing_table, tree_table
 from draftlab.bench.summary import summarize
 from draftlab.bench.sweep_tables import sweep_tables
@@ -86,7 +86,7 @@ def render(directory: Path | str, console: Console | None = None, per_example: b
     main_tables = [overall_table(summary), subtask_grid(summary), subtask_table(summary)]
     engines, concurrency = engine_table(summary), concurrency_table(summary)
     sizing, trees, acceptance = sizing_table(summary), tree_table(summary), acceptance_table(summary)
-    server = [server_settings_table(summary), server_rounds_table(summary)]
+    server = section_tables(summary)  # each engine's own (bench/sections.py)
     sweeps, examples = sweep_tables(summary), per_example_table(rows)
     rounds = round_split_table(summary)
     md_tables = [

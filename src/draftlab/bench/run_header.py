@@ -6,6 +6,7 @@ A few rows a person reads at a glance; every setting of every variant stays in r
 from __future__ import annotations
 
 from draftlab.bench.formatting import fmt_duration
+from draftlab.bench.labels import OWN_LOOP
 from draftlab.bench.table_data import TableData
 from draftlab.bench.tables import best_label
 from draftlab.decode.spec import is_speculative
@@ -30,7 +31,7 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     rows.append(("dtype", _dtype(run, extra.get("dtype_choice"), extra.get("target_storage"))))
     if extra.get("hardware"):
         rows.append(_hardware(extra["hardware"]))
-    engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or ["hf"]
+    engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or [OWN_LOOP]
     baselines = sorted({m["baseline"] for m in summary["overall"].values()}) or [run["baseline"]]
     rows += [
         ("engines", ", ".join(engines)),
@@ -87,7 +88,7 @@ def winner_line(summary: dict) -> str:
 
 def engine_of(label: str) -> str:
     """ "ar@llamacpp" -> "llamacpp"; our own loop's labels carry no engine ("ar float32" -> "hf")."""
-    return label.split("@", 1)[1].split(" ", 1)[0] if "@" in label else "hf"
+    return label.split("@", 1)[1].split(" ", 1)[0] if "@" in label else OWN_LOOP
 
 
 def best_engine_line(summary: dict) -> str | None:

@@ -14,7 +14,7 @@ from draftlab.bench.labels import baseline_label, group_by, label_order, subtask
 from draftlab.bench.losslessness import with_plain_matches
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL, speedup
 from draftlab.bench.records import Record, RunInfo
-from draftlab.bench.server_summary import server_section
+from draftlab.bench.sections import section_summaries
 from draftlab.bench.sweeps import sweeps
 from draftlab.decode.spec import is_speculative
 
@@ -157,7 +157,7 @@ def summarize(
             else engine_summary(records, variants, lambda label: baseline_label(run, label))
         ),
         "concurrency": concurrency_section(records, run),
-        "llama_server": server_section(records, run),
+        **section_summaries(records, run),  # each engine's own (bench/sections.py)
         "unmatched": unmatched,
         "bootstrap": {"resamples": resamples, "seed": seed, "level": CI_LEVEL},
     }

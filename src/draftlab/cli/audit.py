@@ -17,17 +17,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from draftlab import __version__
+from draftlab import engines as registry
 from draftlab.audit.checks import MethodAudit, load_prompts, parse_methods, verdict
 from draftlab.audit.report import print_report
 from draftlab.audit.runner import Audit, AuditSettings, Parts, versions
-from draftlab.cli.audit_server import run_server_audit
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
 from draftlab.cli.engine_option import add_engine_arg, in_process
+from draftlab.cli.engines import check_methods
 from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import method_spec
-from draftlab.engines.llamacpp import engine as llamacpp_engine
-from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.errors import DraftlabError
 from draftlab.files import file_lock, write_text
 from draftlab.hardware import hardware
@@ -35,8 +34,8 @@ from draftlab.models.prompting import encode_prompt
 from draftlab.outputs import check_new_file
 from draftlab.plan.configs import decoder_config
 from draftlab.plan.dtypes import dtype_choices
-from draftlab.plan.profiles import cost_model, load_spec
-from draftlab.plan.roles import load_pair, model_names
+from draftlab.plan.profiles import cost_model
+from draftlab.plan.roles import model_names
 from draftlab.sampling import SamplingParams
 
 
@@ -75,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(p)
     add_method_args(p)
-    add_engine_arg(p, (*in_process(), "llama-server"))
+    add_engine_arg(p, audited_engines())
     p.set_defaults(max_new_tokens=256, temperature=1.0, func=run)
     for action in p._actions:
         if action.dest == "max_new_tokens":
@@ -84,6 +83,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             action.help = "sampling check: temperature (default 1; the greedy check always uses 0)"
         elif action.dest == "seed":
             action.help = "sampling check: the first seed (sample i uses seed + i)"
+
+
+def audited_engines() -> tuple[str, ...]:
+    """The engines that decode here (our audit runs on them), and those with an audit of their own."""
+    own = (n for n in registry.engine_names() if hasattr(registry.get(n), "audit"))
+    return tuple(dict.fromkeys((*in_process(), *own)))
 
 
 def check_input(args: argparse.Namespace) -> None:
@@ -142,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
-    if args.engine == "llama-server":
-        bar = _Bar(args.quiet)
-        result, audits = run_server_audit(args, load_prompts(args.prompts), bar)
+    engine = registry.get(args.engine)
+    if hasattr(engine, "audit"):  # the engine audits its own drafters (it decodes elsewhere)
+        result, audits = engine.audit(args, load_prompts(args.prompts), _Bar(args.quiet))
         return _finish(args, result, audits, None, [])
     methods = parse_methods(args.methods)
     texts = load_prompts(args.prompts)
@@ -155,14 +160,10 @@ def _run(args: argparse.Namespace) -> int:
             raise DraftlabError(f"method '{needs_draft[0]}' needs a draft model: pass --draft")
         methods = [m for m in methods if m not in needs_draft]
         Console(stderr=True).print(f"[dim]no --draft: {', '.join(needs_draft)} not audited[/]")
-    chosen: dict = {}  # `--dtype auto`'s choice, where transformers loads the target
-    if args.engine == "llamacpp":
-        for m in methods:
-            llamacpp_engine.check_method(m)
-        target, draft = llamacpp_engine.load_pair(args, any(method_spec(m).needs_draft for m in methods))
-    else:
-        chosen = dtype_choices(args, model_names(args, False)[0])
-        target, draft = load_pair(args, any(method_spec(m).needs_draft for m in methods), chosen)
+    check_methods(methods, [args.engine])
+    # `--dtype auto`'s choice, where the engine reads the target's transformers weights.
+    chosen = dtype_choices(args, model_names(args, False)[0]) if engine.reads_weights else {}
+    target, draft = engine.load_here(args, any(method_spec(m).needs_draft for m in methods), chosen)
     prompts = [encode_prompt(target, t, chat=not args.no_chat) for t in texts]
     configs = {m: decoder_config(args, m) for m in ["ar", *methods]}
     ar = build_decoder(configs["ar"], target)
@@ -185,8 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     parts = Parts(
         config_of=lambda method: decoder_config(args, method),
         cost_of=lambda t, d: cost_model(args.fixed_k, t, d),
-        load=load_spec,
-        one_thread=_one_thread,
+        recheck=engine.recheck(),
     )
     audit = Audit(settings, parts, bar)
     bar.add(len(prompts) * (1 + len(audits)))
@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
         "hardware": hardware(target.device),
         "engine": args.engine,
         "recheck": audit.recheck_key(target, draft),
-        "versions": versions(target),
+        "versions": {**versions(), **engine.versions()},
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "torch_threads": torch.get_num_threads(),
         "settings": {
@@ -246,10 +246,3 @@ def _finish(args: argparse.Namespace, result: dict, audits, power, prefixes) -> 
         write_text(args.json_path, json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n")
     console.print(result["verdict"], markup=False, highlight=False, soft_wrap=True)  # one line, for scripts
     return 1 if result["not_lossless"] else 0
-
-
-def _one_thread(lm):
-    """A llama.cpp model's copy on one thread: there every pass size takes the same kernels."""
-    return load_llamacpp(
-        lm.spec.name, tokenizer=lm.tokenizer, n_ctx=lm.context_length, n_threads=1, storage=lm.spec.storage
-    )

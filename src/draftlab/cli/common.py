@@ -75,32 +75,17 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-new-tokens", "--max_tokens", dest="max_new_tokens", type=int, default=64)
-    for flag, kind, default, text in (
-        ("--max-ngram", int, DEFAULTS.max_ngram, "PLD: longest n-gram matched"),
-        (
-            "--pld-tokens",
-            int,
-            DEFAULTS.pld_tokens,
-            "PLD (and suffix, pld-tree): most tokens proposed per path",
-        ),
-        (
-            "--tree-budget",
-            int,
-            DEFAULTS.tree_budget,
-            "tree methods (pld-tree, sps-tree, hybrid, suffix): verify this many tree nodes every round "
-            "(default: chosen each round from the machine's cost profile; without a profile, a chain)",
-        ),
-        (
-            "--tree-width",
-            int,
-            DEFAULTS.tree_width,
-            "sps-tree and hybrid: draft candidates per expanded node, and nodes expanded per level",
-        ),
-    ):
-        g.add_argument(flag, type=kind, default=default, help=text)
+    g.add_argument(
+        "--tree-budget",
+        type=int,
+        default=DEFAULTS.tree_budget,
+        help="tree methods (pld-tree, sps-tree, hybrid, suffix): verify this many tree nodes every round "
+        "(default: chosen each round from the machine's cost profile; without a profile, a chain)",
+    )
     for setting in declared_settings():  # each drafter's own, declared with its rows
         g.add_argument(
             setting.flag,
+            *setting.aliases,
             dest=setting.name,
             type=setting.type,
             default=setting.default,
@@ -115,15 +100,6 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         help="our own loop's methods score every position bit for bit as plain decoding does, in every "
         "dtype: each target pass over a static cache, padded to one width measured on this CPU (greedy "
         "output then equals plain decoding's token for token; costs what the padding costs)",
-    )
-    g.add_argument(
-        "--draft-confidence",
-        "--assistant-confidence",
-        dest="draft_confidence",
-        type=float,
-        default=DEFAULTS.draft_confidence,
-        help="sps and hf-assisted: stop drafting after a token the draft gives less than this probability "
-        "(HF's assistant_confidence_threshold, whose default is also 0.4; 0: always draft γ)",
     )
 
 

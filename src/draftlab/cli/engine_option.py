@@ -9,7 +9,7 @@ def add_engine_option(group, engines: tuple[str, ...]) -> None:
     group.add_argument(
         "--engine",
         choices=engines,
-        default="hf",
+        default=registry.DEFAULT,
         help="; ".join(f"{name}: {registry.get(name).help}" for name in engines),
     )
 

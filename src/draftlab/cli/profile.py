@@ -207,7 +207,8 @@ def _profile(
             bucket_need=bucket_need,
         )
     source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
-    engine = " · llama.cpp" if lm.engine == "llamacpp" else (" · compiled" if compiled else "")
+    own_passes = getattr(lm, "cached_model", None) is not None  # another engine's model (llama.cpp's)
+    engine = f" · {lm.engine}" if own_passes else (" · compiled" if compiled else "")
     console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
     key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
     results["profiles"][key] = json.loads(profile.to_json())

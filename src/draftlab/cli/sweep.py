@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
     engines = engine_cli.engines_of(args)
     grid = registry.get(engines[0]) if len(engines) == 1 else None
     on_grid = args.kind == "gamma" and grid is not None and hasattr(grid, "gamma_grid")
-    if args.kind != "concurrency" and not on_grid and (args.engine != "hf" or args.engines):
+    if args.kind != "concurrency" and not on_grid and (args.engine != registry.DEFAULT or args.engines):
         raise DraftlabError(
-            f"sweep {args.kind} runs on the hf engine only (sweep concurrency takes a batching engine: "
+            f"sweep {args.kind} runs on the {registry.DEFAULT} engine only (sweep concurrency takes a batching engine: "
             f"--engine {' or '.join(_batching())}; sweep gamma also takes --engine "
             f"{' or '.join(n for n in registry.engine_names() if hasattr(registry.get(n), 'gamma_grid'))})"
         )
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         variants = [Variant("ar", base, target, None, sampling, variant_params(args, base))]
         for tau in confidences:
             for method in ("sps", "hf-assisted"):
-                cfg = dataclasses.replace(decoder_config(args, method), draft_confidence=tau)
+                cfg = decoder_config(args, method).with_options(draft_confidence=tau)
                 variants.append(
                     Variant(f"{method} τ={tau:g}", cfg, target, draft, sampling, variant_params(args, cfg))
                 )

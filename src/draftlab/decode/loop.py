@@ -28,6 +28,7 @@ from draftlab.errors import DraftlabError
 from draftlab.models.cached import CachedModel
 from draftlab.models.compiled import MAX_PASS
 from draftlab.proposers.base import Proposal, Proposer
+from draftlab.proposers.capabilities import LookupPart, SizedDrafting, TakesFeatures
 from draftlab.sampling import KeyedSampler, Sampler, SamplingParams
 from draftlab.verify.rules import AcceptanceRule
 
@@ -57,6 +58,10 @@ class SpeculativeDecoder:
         # A tree proposer on a model that cannot take a tree mask proposes its best chain, which a
         # tree sizer still cuts to the nodes worth one pass (a chain is a tree of one branch).
         self.trees = proposer.makes_trees
+        # What only some proposers do (proposers/capabilities.py), checked once.
+        self.sized_drafting = isinstance(proposer, SizedDrafting)
+        self.lookup_part = isinstance(proposer, LookupPart)
+        self.takes_features = isinstance(proposer, TakesFeatures)
         self.tree_fallback: str | None = None
         if self.trees and not target.supports_trees():
             self.trees, self.tree_budget = False, None
@@ -145,7 +150,7 @@ class SpeculativeDecoder:
             fed_from = target.length
             fed = sequence[fed_from:] + proposal.tokens
             tree = proposal.parents if proposal.is_tree else None
-            layers = proposer.feature_layers
+            layers = proposer.feature_layers if self.takes_features else ()
             asks = {"features": layers} if layers else {}
             t_pass, model_s = synchronized_clock(devices), getattr(target, "model_s", None)
             target_logits = target.forward(fed, keep=len(proposal.tokens) + 1, tree=tree, **asks)
@@ -256,17 +261,15 @@ class SpeculativeDecoder:
                 return proposal.best(proposal.path_values(scores), self.tree_budget), None
             return proposal.select(proposal.top_path()[: self.gamma]), None
         drafted_ms = 0.0
-        if proposer.draft_passes:
+        if self.sized_drafting:
             pending = proposer.lag(sequence)
             # A hybrid's lookup tree is free: the draft must add to it, not merely beat a plain step.
             base = (
-                sizer.preview(proposer.lookup_tree(sequence), len(sequence))
-                if proposer.has_lookup
-                else (1.0, 0)
+                sizer.preview(proposer.lookup_tree(sequence), len(sequence)) if self.lookup_part else (1.0, 0)
             )
             plain = sizer.wants_draft(len(sequence), depth, pending, base)
             proposer.use_draft = plain is None
-            if plain is not None and not proposer.has_lookup:
+            if plain is not None and not self.lookup_part:
                 return Proposal(parents=[]), plain
             proposer.min_value = sizer.expand_threshold(len(sequence))
             drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0

@@ -31,10 +31,7 @@ METHOD_MODULES = (
     "draftlab.drafters.hybrid.methods",
     "draftlab.drafters.suffix.methods",
     "draftlab.drafters.eagle3.methods",
-    "draftlab.engines.hf.methods",
-    "draftlab.engines.llamacpp.methods",
-    "draftlab.engines.vllm.methods",
-    "draftlab.engines.llama_server.methods",
+    "draftlab.engines",  # each engine's own rows (engines/<name>/methods.py), from its one list
 )
 FLAGS = ("draft", "head", "plain", "sized", "tree", "lossy")
 
@@ -53,6 +50,7 @@ class Setting:
     maximum: float | None = None
     # A rule the bounds cannot say: (test, what it requires), e.g. (lambda v: v > 0, "> 0").
     rule: tuple[Callable[[Any], bool], str] | None = None
+    aliases: tuple[str, ...] = ()  # other flags for it (another tool's name, "--assistant-confidence")
 
     @property
     def flag(self) -> str:
@@ -85,19 +83,12 @@ class DecoderConfig:
 
     method: str = "sps"
     gamma: int = 4  # sps: draft tokens per round (with cost-aware sizing: the most per round)
-    max_ngram: int = 3  # PLD: longest n-gram to match
-    pld_tokens: int = 10  # PLD: most tokens proposed per round (HF's prompt_lookup_num_tokens default)
     use_cache: bool = True  # False recomputes the whole sequence each step (ablation)
-    # sps and hf-assisted: stop drafting after a draft token with probability below this (0: off).
-    # 0.4 is HF's assistant_confidence_threshold default.
-    draft_confidence: float = 0.4
     # sps and pld: False sizes every round from the machine's cost curve and the acceptance seen
     # so far (k = 0 is a plain target step); True drafts the full γ (or PLD's tokens) every round.
     fixed_k: bool = False
-    # Tree methods: candidates per expanded node and leaves expanded per level (draft trees), and
-    # a fixed node budget per round (None: chosen each round from the cost curve; without a
-    # profile, a chain).
-    tree_width: int = 8
+    # Tree methods: a fixed node budget per round (None: chosen each round from the cost curve;
+    # without a profile, a chain).
     tree_budget: int | None = None
     # The target's passes of up to 8 tokens through a compiled package over a static cache
     # (models/compiled.py): chains and token trees of our own loop.
@@ -113,16 +104,8 @@ class DecoderConfig:
             raise DraftlabError(f"unknown method '{self.method}' (choose from {', '.join(REGISTRY)})")
         if self.gamma < 1:
             raise DraftlabError(f"gamma must be >= 1, got {self.gamma}")
-        if self.max_ngram < 1:
-            raise DraftlabError(f"max n-gram must be >= 1, got {self.max_ngram}")
-        if self.pld_tokens < 1:
-            raise DraftlabError(f"PLD tokens must be >= 1, got {self.pld_tokens}")
-        if self.tree_width < 1:
-            raise DraftlabError(f"tree width must be >= 1, got {self.tree_width}")
         if self.tree_budget is not None and self.tree_budget < 1:
             raise DraftlabError(f"tree budget must be >= 1, got {self.tree_budget}")
-        if not 0.0 <= self.draft_confidence <= 1.0:
-            raise DraftlabError(f"draft confidence must be in [0, 1], got {self.draft_confidence}")
         if self.compile and not REGISTRY[self.method].compilable:
             raise DraftlabError(
                 f"--compile runs the methods of draftlab's own loop, not '{self.method}' "
@@ -143,6 +126,22 @@ class DecoderConfig:
     @property
     def spec(self) -> MethodSpec:
         return REGISTRY[self.method]
+
+    def __getattr__(self, name: str) -> Any:
+        """A drafter's own setting read as an attribute (`config.pld_tokens`), as the fields are."""
+        if name.startswith("_") or name not in SETTINGS:
+            raise AttributeError(name)
+        return self.option(name)
+
+    @classmethod
+    def of(cls, **values: Any) -> DecoderConfig:
+        """A config from fields and drafters' settings alike: `DecoderConfig.of(method="pld", pld_tokens=6)`."""
+        len(REGISTRY)  # the table's rows declare the settings
+        options = {k: values.pop(k) for k in list(values) if k not in _FIELDS}
+        for name in options:
+            if name not in SETTINGS:
+                raise DraftlabError(f"unknown setting '{name}'")
+        return cls(**values, options=tuple(options.items()))
 
     def option(self, name: str) -> Any:
         """A drafter's own setting: its value for this run, else its declared default."""

@@ -7,15 +7,19 @@ through vLLM's offline `LLM` API. Each returns a `Generation` with `GenerationSt
 (decode/stats.py), so the runner and the reports never ask which engine made a record.
 
 `ENGINE_OBJECTS` is the one list: a new engine is its folder and one line here (or `register` from
-anywhere, as a test's toy engine does). The objects load on first use: `decode/spec.py` imports each
-engine's `methods.py`, which must not pull the commands' layers in with it.
+anywhere, as a test's toy engine does). The objects load on first use; each engine's `methods.py`
+(its rows of the method table, decode/spec.py) loads with this package, and `report.py` (its report
+sections, bench/sections.py) when a report is made: reports read both, so neither may pull torch or
+the commands' layers in.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
+from draftlab.bench.labels import OWN_LOOP
 from draftlab.errors import DraftlabError
 
 if TYPE_CHECKING:
@@ -28,7 +32,24 @@ ENGINE_OBJECTS = (
     "draftlab.engines.llamacpp.engine:LlamaCppEngine",
     "draftlab.engines.llama_server.engine:LlamaServerEngine",
 )
+DEFAULT = OWN_LOOP  # draftlab's own loop: what --engine means when not given
 _REGISTRY: dict[str, Engine] = {}
+
+
+def _load_parts(part: str) -> None:
+    """Each listed engine's module `part` (methods.py, report.py), where it has one."""
+    for entry in ENGINE_OBJECTS:
+        module = entry.split(":")[0].rsplit(".", 1)[0] + "." + part
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+def load_reports() -> None:
+    """Each engine's report sections (its report.py, bench/sections.py), when a report is made."""
+    _load_parts("report")
+
+
+_load_parts("methods")  # each engine's rows of the method table, with the table (no torch there)
 
 
 def _load() -> dict[str, Engine]:

@@ -8,14 +8,18 @@ offers its own options, loads what it decodes, and builds its variants beside th
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from draftlab.audit.runner import Float32Recheck, Recheck
+from draftlab.plan.profiles import load_spec
 
 if TYPE_CHECKING:
     from draftlab.bench.runner import Variant
     from draftlab.decode.spec import DecoderConfig, MethodSpec
     from draftlab.models.loading import LoadedModel
+    from draftlab.plan.dtypes import DtypeChoice
     from draftlab.plan.run_plan import RunPlan
     from draftlab.sampling import SamplingParams
 
@@ -85,10 +89,11 @@ class Engine(Protocol):
         ...
 
     def load_here(
-        self, args: argparse.Namespace, need_draft: bool
+        self, args: argparse.Namespace, need_draft: bool, chosen: Mapping[str, DtypeChoice] | None = None
     ) -> tuple[LoadedModel, LoadedModel | None] | None:
         """Target and draft for a command that decodes in this process (generate, profile, audit);
-        None where the engine decodes elsewhere (a server, vLLM)."""
+        None where the engine decodes elsewhere (a server, vLLM). `chosen`: `--dtype auto`'s choices
+        made already (an audit records them), by model name."""
         ...
 
     def joins(self, args: argparse.Namespace, engines: list[str], target: LoadedModel) -> list[str]:
@@ -100,6 +105,18 @@ class Engine(Protocol):
         ...
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants: ...
+
+    def recheck(self) -> Recheck:
+        """Where `draftlab audit` reruns a greedy difference on this engine (one that runs here)."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """The versions of what it runs on, beside torch's and transformers' in an audit's record."""
+        ...
+
+    # Optional: `audit(args, texts, bar) -> (result, audits)`, an engine's own audit where it does not
+    # decode in this process (llama-server's drafters against its own plain decoding).
+    # `gamma_grid` (sweep gamma) and `export_head` (distill) are optional too; `hasattr` finds them.
 
 
 class EngineDefaults:
@@ -125,7 +142,7 @@ class EngineDefaults:
     def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         return None
 
-    def load_here(self, args, need_draft: bool):
+    def load_here(self, args, need_draft: bool, chosen=None):
         return None
 
     def joins(self, args, engines, target) -> list[str]:
@@ -133,3 +150,9 @@ class EngineDefaults:
 
     def absent(self, target) -> str | None:
         return None
+
+    def recheck(self) -> Recheck:
+        return Float32Recheck(load_spec)
+
+    def versions(self) -> dict[str, str]:
+        return {}

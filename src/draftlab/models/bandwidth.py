@@ -65,10 +65,9 @@ def cached_bandwidth(folder: Path, hardware_key: str) -> Bandwidth:
 def weight_bytes(lm) -> int:
     """Bytes a plain decoding step reads: every weight once (a tied embedding once, as the output)."""
 
-    if lm.engine == "llamacpp":
-        import llama_cpp  # noqa: PLC0415
-
-        return int(llama_cpp.llama_model_size(lm.llm.model))
+    own = getattr(lm, "weight_bytes", None)  # another engine's model counts its own (a GGUF's)
+    if own is not None:
+        return int(own())
     # parameters() yields a tied weight once; a shell's (meta) parameters have their dtype's size too.
     # A 4-bit layer's packed codes and scales are buffers (models/q4.py), which it reports itself.
     params = sum(p.numel() * p.element_size() for p in lm.model.parameters())

@@ -42,7 +42,9 @@ def compile_choice(args: argparse.Namespace, target: LoadedModel) -> CompileChoi
     if flag is False:
         return CompileChoice(False, True, "--no-compile")
     name = f"{target.spec.name} in {target.spec.dtype}"
-    if target.spec.device != "cpu" or target.is_encoder_decoder or getattr(target, "engine", "hf") != "hf":
+    # A model with its own cache-aware passes (another engine's, llama.cpp's) has no compiled ones of ours.
+    own_passes = getattr(target, "cached_model", None) is not None
+    if target.spec.device != "cpu" or target.is_encoder_decoder or own_passes:
         return CompileChoice(False, True, f"no compiled passes for {name} on {target.spec.device}")
     compiled = load_cached(target, compiled=True)
     if compiled is None:

@@ -19,12 +19,8 @@ def decoder_config(args: argparse.Namespace, method: str, gamma: int | None = No
     return DecoderConfig(
         method=method,
         gamma=args.gamma if gamma is None else gamma,
-        max_ngram=args.max_ngram,
-        pld_tokens=args.pld_tokens,
         use_cache=not args.no_kv_cache,
-        draft_confidence=args.draft_confidence,
         fixed_k=args.fixed_k,
-        tree_width=args.tree_width,
         tree_budget=args.tree_budget,
         # Exact mode is our own loop's: other engines' methods run as they are.
         exact=args.exact and REGISTRY[method].compilable if method in REGISTRY else args.exact,

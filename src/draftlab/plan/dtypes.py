@@ -41,7 +41,7 @@ def choose_dtype(args: argparse.Namespace, name: str, device: str, attn: str | N
     for dtype in candidate_dtypes(name, device):
         lm = load_spec(ModelSpec(name, dtype, device, attn))
         curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
-        compiled = load_cached(lm, compiled=True) if joint and lm.engine == "hf" else None
+        compiled = load_cached(lm, compiled=True) if joint else None
         if compiled is not None and compiled_wins(
             curves[dtype], compiled.curve, prompt_tokens, args.max_new_tokens
         ):

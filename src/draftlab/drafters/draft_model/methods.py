@@ -1,4 +1,4 @@
-"""The draft-model methods' rows of the method table, and BiLD's own settings."""
+"""The draft-model methods' rows of the method table, their settings, and BiLD's own."""
 
 import argparse
 import math
@@ -17,6 +17,24 @@ def threshold(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid threshold value: '{text}'") from None
 
+
+DRAFT_CONFIDENCE = Setting(
+    "draft_confidence",
+    float,
+    0.4,  # HF's assistant_confidence_threshold default
+    "sps and hf-assisted: stop drafting after a token the draft gives less than this probability "
+    "(HF's assistant_confidence_threshold, whose default is also 0.4; 0: always draft γ)",
+    minimum=0.0,
+    maximum=1.0,
+    aliases=("--assistant-confidence",),
+)
+TREE_WIDTH = Setting(
+    "tree_width",
+    int,
+    8,
+    "sps-tree and hybrid: draft candidates per expanded node, and nodes expanded per level",
+    minimum=1,
+)
 
 BILD_SETTINGS = (
     Setting("max_small_steps", int, 10, "BiLD: most small-model tokens per block", minimum=1),
@@ -44,6 +62,7 @@ register(
     "speculative sampling with a draft model (Leviathan et al. / Chen et al. 2023)",
     "draft sized",
     ("gamma", "draft_confidence"),
+    settings=(DRAFT_CONFIDENCE,),
 )
 register(
     "bild",
@@ -61,4 +80,5 @@ register(
     "draft-model token trees, expanded by draft probability as in EAGLE-2",
     "draft sized tree",
     ("gamma", "tree_width"),
+    settings=(TREE_WIDTH,),
 )

@@ -25,7 +25,9 @@ MAX_TREE_NODES = 64
 
 class DraftTreeProposer(DraftModelBase):
     makes_trees = True
-    draft_passes = True
+    # SizedDrafting (proposers/capabilities.py): the sizer sets both before each round.
+    use_draft = True
+    min_value = 0.0  # grow a level only while the best leaf is this likely
 
     def __init__(
         self,

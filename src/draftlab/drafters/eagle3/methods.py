@@ -1,6 +1,7 @@
 """EAGLE-3's rows of the method table."""
 
 from draftlab.decode.spec import register
+from draftlab.drafters.draft_model.methods import DRAFT_CONFIDENCE, TREE_WIDTH
 
 BUILD = "draftlab.drafters.eagle3.build"
 
@@ -11,6 +12,7 @@ register(
     "EAGLE-3 (Li et al. 2025): a one-layer head drafts chains from the target's own hidden states",
     "head sized",
     ("gamma", "draft_confidence"),
+    settings=(DRAFT_CONFIDENCE,),
 )
 register(
     "eagle-tree",
@@ -19,4 +21,5 @@ register(
     "the EAGLE-3 head's dynamic draft tree, expanded by head probability (EAGLE-2)",
     "head sized tree",
     ("gamma", "tree_width"),
+    settings=(TREE_WIDTH,),
 )

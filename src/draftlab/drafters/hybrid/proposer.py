@@ -15,8 +15,10 @@ from draftlab.sampling import Sampler, SamplingParams
 
 class HybridTreeProposer(Proposer):
     makes_trees = True
-    draft_passes = True
-    has_lookup = True
+    # SizedDrafting and LookupPart (proposers/capabilities.py): the sizer may skip drafting, and then
+    # the lookup tree is the round's proposal.
+    use_draft = True
+    min_value = 0.0
 
     def __init__(
         self, draft: DraftTreeProposer, lookup: LookupTreeProposer, max_nodes: int = MAX_TREE_NODES

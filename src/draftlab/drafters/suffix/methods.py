@@ -1,6 +1,7 @@
 """SuffixDecoding's row of the method table."""
 
 from draftlab.decode.spec import register
+from draftlab.drafters.lookup.methods import PLD_TOKENS
 
 register(
     "suffix",
@@ -9,4 +10,5 @@ register(
     "SuffixDecoding (Oliaro et al. 2024): trees from the prompt and earlier outputs of the run",
     "sized tree",
     ("pld_tokens",),
+    settings=(PLD_TOKENS,),
 )

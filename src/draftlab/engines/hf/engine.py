@@ -55,8 +55,8 @@ class HfEngine(EngineDefaults):
             return None
         return load_pair(args, need_draft, plan.dtypes if plan is not None else None)
 
-    def load_here(self, args, need_draft: bool):
-        return load_pair(args, need_draft)
+    def load_here(self, args, need_draft: bool, chosen=None):
+        return load_pair(args, need_draft, chosen)
 
     def bench_variants(self, request: BenchRequest) -> EngineVariants:
         args, target = request.args, request.target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from draftlab.decode.spec import MethodSpec, register
+from draftlab.drafters.draft_model.methods import DRAFT_CONFIDENCE
 
 BUILD = "draftlab.engines.hf.build"
 NAME = "hf"
@@ -16,6 +17,7 @@ register(
     "draft",
     ("gamma", "draft_confidence"),
     engine=NAME,
+    settings=(DRAFT_CONFIDENCE,),
 )
 
 

@@ -397,6 +397,12 @@ class LlamaServerEngine(EngineDefaults):
         baselines = {v.label: "ar" + SUFFIX for v in variants}
         return EngineVariants(variants, baselines, {"llama_server": made["record"]}, close=made["pool"].close)
 
+    def audit(self, args: argparse.Namespace, texts: list[str], bar) -> tuple[dict, list]:
+        """Its drafters' greedy tokens against its own plain decoding (engines/llama_server/audit.py)."""
+        from draftlab.engines.llama_server.audit import run_server_audit  # noqa: PLC0415 (it imports this)
+
+        return run_server_audit(args, texts, bar)
+
     def gamma_grid(self, args, sampling, examples, gammas: list[int], p_mins: list[float] | None):
         """`draftlab sweep gamma --engine llama-server`: the whole grid (grid_variants), and the
         target and draft it was built for."""

@@ -15,7 +15,10 @@ from draftlab.decode.build import check_fits
 from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
 from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llamacpp import methods
+from draftlab.engines.llamacpp.audit import LlamaCppRecheck
+from draftlab.engines.llamacpp.audit import versions as llamacpp_versions
 from draftlab.engines.llamacpp.export import OUTTYPES
+from draftlab.engines.llamacpp.export_command import add_export_command
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.engines.llamacpp.model import OWN_STORAGE, LlamaCppLM, is_llamacpp_source
 from draftlab.errors import DraftlabError
@@ -266,11 +269,21 @@ class LlamaCppEngine(EngineDefaults):
         # A GGUF file has no transformers shell: llama.cpp's model is the target.
         return load_pair(args, need_draft) if gguf_file_target(args, engines) else None
 
-    def load_here(self, args, need_draft: bool):
+    def load_here(self, args, need_draft: bool, chosen=None):
         return load_pair(args, need_draft)
 
     def joins(self, args, engines, target) -> list[str]:
         return default_llamacpp(args, engines, target)
+
+    def add_model_commands(self, sub: argparse._SubParsersAction) -> None:
+        """`draftlab models export-gguf`: a transformers checkpoint as a GGUF for this engine."""
+        add_export_command(sub)
+
+    def recheck(self) -> LlamaCppRecheck:
+        return LlamaCppRecheck()
+
+    def versions(self) -> dict[str, str]:
+        return llamacpp_versions()
 
     def absent(self, target) -> str | None:
         if target.spec.device == "cpu" and not installed():

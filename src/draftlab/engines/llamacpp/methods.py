@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from draftlab.decode.spec import MethodSpec, register
+from draftlab.drafters.lookup.methods import LOOKUP_SETTINGS
 
 NAME = "llamacpp"
 
@@ -13,6 +14,7 @@ register(
     "llama.cpp's own prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding)",
     params=("pld_tokens", "max_ngram"),
     engine=NAME,
+    settings=LOOKUP_SETTINGS,
 )
 
 

@@ -112,6 +112,16 @@ class LlamaCppLM:
     def threads(self) -> int:
         return int(self.llm.n_threads)
 
+    def keep_prefix(self, prefix: list[int]):
+        """This model, keeping `prefix` in its cache between generations (see `keep_prefix` below)."""
+        return keep_prefix(self, prefix)
+
+    def weight_bytes(self) -> int:
+        """Bytes a plain decoding step reads: the GGUF's tensors, in its own quantization."""
+        import llama_cpp  # noqa: PLC0415
+
+        return int(llama_cpp.llama_model_size(self.llm.model))
+
     def fingerprint(self, compiled: bool = False) -> dict:
         """A GGUF run by llama.cpp: its quantization stands as the dtype, llama.cpp's threads as torch's."""
         import llama_cpp  # noqa: PLC0415
