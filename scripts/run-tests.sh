@@ -21,8 +21,8 @@ cd "$(dirname "$0")/.."
 workers="${DRAFTLAB_TEST_WORKERS:-2}"
 under_load=(
     tests/test_pacing.py tests/test_sizing.py tests/test_routing.py tests/test_trees.py tests/test_lossless.py
-    tests/test_exactness_unit.py tests/test_sampling_exact.py tests/test_rules_unit.py tests/test_audit.py
-    tests/test_eagle.py
+    tests/test_exactness_unit.py tests/test_sampling_exact.py tests/test_rules_unit.py tests/audit/test_audit.py
+    tests/drafters/eagle3/test_eagle.py
 )
 
 timings=()
@@ -95,4 +95,4 @@ fi
 tail -n 1 .ci-logs/install-vllm.log
 stage "vLLM tests, ${workers} workers"
 DRAFTLAB_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -n "$workers" --dist loadfile --durations=5 \
-    tests/test_vllm.py tests/test_vllm_bench.py tests/test_engines.py tests/test_default_pair.py tests/test_lossless.py
+    tests/engines/vllm tests/engines/test_engines.py tests/test_default_pair.py tests/test_lossless.py

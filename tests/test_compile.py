@@ -57,11 +57,11 @@ def story_model(stories):
 @pytest.fixture(scope="module")
 def story_head(story_model, tmp_path_factory):
     """A random EAGLE-3 head for stories260K (its whole vocabulary), saved and loaded as a user's."""
-    from test_eagle import _random_head
+    from tiny import random_head
 
     folder = tmp_path_factory.mktemp("story-head") / "head"
     save_head(
-        _random_head(story_model, torch.arange(story_model.vocab_size)),
+        random_head(story_model, torch.arange(story_model.vocab_size)),
         folder,
         str(story_model.path),
         ["LlamaForCausalLM"],

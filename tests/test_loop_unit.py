@@ -498,7 +498,7 @@ def test_no_tree_support_falls_back_to_chains():
     out = dec.generate([5], 3, GREEDY)
     assert out.tokens == chain(5, 3)
     assert out.stats.tree_fallback == dec.tree_fallback
-    # A tree sizer stays: it cuts the best chain to what pays (tests/test_llamacpp.py runs it).
+    # A tree sizer stays: it cuts the best chain to what pays (tests/engines/llamacpp/test_llamacpp.py runs it).
     dec = SpeculativeDecoder(FakeTarget(trees=False), TreeProposer(), SpeculativeRule(), sizer=sizer)
     assert not dec.trees and dec.sizer is sizer
     # The supporting target keeps all three.

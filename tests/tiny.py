@@ -167,3 +167,24 @@ def wide_llama_config(vocab: int) -> LlamaConfig:
         eos_token_id=None,
         pad_token_id=None,
     )
+
+
+def random_head(target, draft_ids, seed=0, scale=0.3):
+    """A random EAGLE-3 head for a loaded target (its embedding and output head, `draft_ids` as the
+    draft vocabulary), drawn wide enough that its drafts vary."""
+    from draftlab.drafters.eagle3.head import head_for_target  # noqa: PLC0415
+
+    model = target.model
+    head = head_for_target(
+        model.config,
+        model.get_input_embeddings().weight.detach(),
+        model.get_output_embeddings().weight.detach(),
+        draft_ids,
+        seed=seed,
+    )
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for name, p in head.named_parameters():
+            if p.dim() > 1 and not name.startswith(("embed_tokens", "lm_head")):
+                p.normal_(0.0, scale / p.shape[-1] ** 0.5 * 4)
+    return head.eval()

@@ -42,6 +42,21 @@ def import_vllm():
     return vllm
 
 
+def cpu_thread_binding(ranks: int, cores: list[int]) -> str | None:
+    """vLLM's `VLLM_CPU_OMP_THREADS_BIND` for `ranks` CPU workers: an equal share of `cores` each, in
+    order ("0|1" for two ranks on two cores, "0-3|4-7" on eight), so that no two ranks' OpenMP
+    threads share a core; None where there are fewer cores than ranks."""
+    share = len(cores) // ranks
+    if ranks < 2 or share < 1:
+        return None
+    parts = []
+    for rank in range(ranks):
+        mine = cores[rank * share : (rank + 1) * share]
+        contiguous = mine == list(range(mine[0], mine[-1] + 1))
+        parts.append(f"{mine[0]}-{mine[-1]}" if contiguous and len(mine) > 1 else ",".join(map(str, mine)))
+    return "|".join(parts)
+
+
 @dataclass
 class EngineArgs:
     """What reaches `vllm.LLM` besides the model and its speculative config, recorded in run.json."""
@@ -59,6 +74,18 @@ class EngineArgs:
         backend = self.distributed_executor_backend
         if backend is not None and backend not in BACKENDS:
             raise DraftlabError(f"--distributed-executor-backend must be mp or ray, got '{backend}'")
+
+    def cpu_binding(self) -> str | None:
+        """Where each rank's threads run on a CPU build: the user's VLLM_CPU_OMP_THREADS_BIND, else
+        with several ranks (tensor x pipeline parallel) an equal share of this process's cores each."""
+        ranks = self.tensor_parallel_size * self.pipeline_parallel_size
+        user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        return user or cpu_thread_binding(ranks, sorted(os.sched_getaffinity(0)))
+
+    def bind_cpu_threads(self) -> None:
+        binding = self.cpu_binding()
+        if binding is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
 
     def kwargs(self, dtype: str, seed: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -78,6 +105,7 @@ class EngineArgs:
     def record(self) -> dict[str, Any]:
         return {
             "cpu_kvcache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+            "cpu_threads_bind": self.cpu_binding(),  # on a CPU build
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "distributed_executor_backend": self.distributed_executor_backend,

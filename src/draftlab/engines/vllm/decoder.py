@@ -38,7 +38,11 @@ def _reason(exc: BaseException) -> str:
         try:
             first = errors()[0]
             where = ".".join(str(part) for part in first.get("loc", ()))
-            return f"{where}: {first.get('msg', '')} (got {first.get('input')!r})"
+            where = f"{where}: " if where else ""
+            got = repr(first.get("input"))
+            # A check over the whole config (e.g. heads divisible by the tensor parallel size) gets
+            # the whole config as its input: the message alone names the bad value then.
+            return f"{where}{first.get('msg', '')}" + (f" (got {got})" if len(got) <= 80 else "")
         except (TypeError, IndexError, AttributeError):
             pass
     return first_line(exc)
@@ -84,6 +88,10 @@ class EnginePool:
         if key in self.alive:
             return self.alive[key]
         vllm = import_vllm()
+        from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM is optional
+
+        if current_platform.is_cpu():
+            self.args.bind_cpu_threads()
         while self.max_alive and len(self.alive) >= self.max_alive:
             self.shutdown(next(iter(self.alive)))
         kwargs = self.args.kwargs(self.dtype, self.seed)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from tiny import make_model
+from tiny import make_model, random_head
 from tolerance import FALSE_FAILURE, SHOWN_POWER, assert_greedy_equal, logits_tol
 
 from draftlab.audit.law import ResampleFromTargetRule
@@ -20,7 +20,7 @@ from draftlab.decode.build import build_decoder
 from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.decode.spec import DecoderConfig
 from draftlab.drafters.eagle3.cached import HeadModel
-from draftlab.drafters.eagle3.head import default_aux_layers, head_for_target
+from draftlab.drafters.eagle3.head import default_aux_layers
 from draftlab.drafters.eagle3.io import is_head_folder, load_head, load_head_lm, save_head
 from draftlab.drafters.eagle3.proposer import EagleProposer
 from draftlab.drafters.eagle3.train import step_masks, ttt_forward
@@ -31,29 +31,12 @@ from draftlab.sampling import SamplingParams
 from draftlab.verify.rules import SpeculativeRule
 
 
-def _random_head(target, draft_ids, seed=0, scale=0.3):
-    model = target.model
-    head = head_for_target(
-        model.config,
-        model.get_input_embeddings().weight.detach(),
-        model.get_output_embeddings().weight.detach(),
-        draft_ids,
-        seed=seed,
-    )
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(seed)
-        for name, p in head.named_parameters():
-            if p.dim() > 1 and not name.startswith(("embed_tokens", "lm_head")):
-                p.normal_(0.0, scale / p.shape[-1] ** 0.5 * 4)
-    return head.eval()
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     path = make_model("llama", root / "target", seed=1, hidden=64, layers=4)
     target = load_model(ModelSpec(str(path), "float32"))
-    head = _random_head(target, torch.arange(0, target.vocab_size, 2))  # a draft vocabulary of half
+    head = random_head(target, torch.arange(0, target.vocab_size, 2))  # a draft vocabulary of half
     save_head(head, root / "head", str(path), ["LlamaForCausalLM"])
     return target, load_head_lm(str(root / "head"), target), root
 
@@ -213,7 +196,7 @@ def vocab6(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("vocab6-eagle")
     target = _tiny_vocab_model(root / "target", 11)
-    head = _random_head(target, torch.tensor([0, 1, 3, 4]), seed=5, scale=2.0)  # never proposes 2 or 5
+    head = random_head(target, torch.tensor([0, 1, 3, 4]), seed=5, scale=2.0)  # never proposes 2 or 5
     save_head(head, root / "head", str(root / "target"), ["LlamaForCausalLM"])
     return target, load_head_lm(str(root / "head"), target)
 

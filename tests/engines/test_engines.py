@@ -12,7 +12,13 @@ import pytest
 from draftlab.cli import main
 from draftlab.decode.spec import REGISTRY, DecoderConfig
 from draftlab.engines import counterpart, engines_for
-from draftlab.engines.vllm.config import VLLM_METHODS, EngineArgs, parse_engine_arg, speculative_config
+from draftlab.engines.vllm.config import (
+    VLLM_METHODS,
+    EngineArgs,
+    cpu_thread_binding,
+    parse_engine_arg,
+    speculative_config,
+)
 from draftlab.errors import DraftlabError
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -88,6 +94,28 @@ def test_engine_arguments_parse_as_json_and_are_checked():
         EngineArgs(tensor_parallel_size=0)
     with pytest.raises(DraftlabError, match="'slurm'"):
         EngineArgs(distributed_executor_backend="slurm")
+
+
+def test_several_cpu_ranks_get_cores_of_their_own(monkeypatch):
+    """vLLM's CPU workers (tensor x pipeline parallel ranks) each bind their OpenMP threads to an
+    equal share of the cores, unless the user's VLLM_CPU_OMP_THREADS_BIND says where."""
+    assert cpu_thread_binding(2, [0, 1]) == "0|1"
+    assert cpu_thread_binding(2, list(range(8))) == "0-3|4-7"
+    assert cpu_thread_binding(2, [0, 2, 4, 6]) == "0,2|4,6"  # an affinity mask with gaps
+    assert cpu_thread_binding(4, [0, 1, 2, 3, 4]) == "0|1|2|3"  # the odd core left over
+    assert cpu_thread_binding(3, [0, 1]) is None  # fewer cores than ranks: vLLM's own choice
+    assert cpu_thread_binding(1, [0, 1]) is None  # one rank: vLLM's own choice
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args = EngineArgs(tensor_parallel_size=2)
+    assert args.cpu_binding() == "0-1|2-3" and args.record()["cpu_threads_bind"] == "0-1|2-3"
+    args.bind_cpu_threads()
+    import os
+
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1|0")  # the user's binding stands
+    assert args.cpu_binding() == "1|0"
+    assert EngineArgs().cpu_binding() == "1|0"  # and is what vLLM reads with one rank too
 
 
 BENCH = ["bench", "--subtasks", "qa", "--limit", "1", "--quiet"]
