@@ -1,10 +1,9 @@
 """Sections an engine adds to a run's summary and report: figures only it has (llama-server's cost
-per round and its settings chosen per subtask). The engine's `report.py` registers them (loaded
-when a report is made), so the summary and the report render them without knowing which engine ran."""
+per round and its settings chosen per subtask). The engine's `report.py` registers them (the
+commands load them with `draftlab.engines.load_reports()` before a report is made), so the summary and the report render them without knowing which engine ran."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,16 +25,9 @@ def register_section(section: EngineSection) -> None:
     SECTIONS[section.key] = section
 
 
-def _sections() -> dict[str, EngineSection]:
-    # Each engine's report.py registers its sections; loaded by name, as the method table loads each
-    # engine's rows (the engines sit above this layer).
-    importlib.import_module("draftlab.engines").load_reports()
-    return SECTIONS
-
-
 def section_summaries(records: Sequence[Record], run: RunInfo) -> dict[str, dict | None]:
-    return {key: section.summarize(records, run) for key, section in _sections().items()}
+    return {key: section.summarize(records, run) for key, section in SECTIONS.items()}
 
 
 def section_tables(summary: dict) -> list[TableData | None]:
-    return [table for section in _sections().values() for table in section.tables(summary)]
+    return [table for section in SECTIONS.values() for table in section.tables(summary)]

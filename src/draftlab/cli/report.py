@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from draftlab import engines
 from draftlab.bench.report import render
 from draftlab.cli.console import report_console
 
@@ -23,5 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    render(args.directory, report_console(args.quiet), per_example=args.per_example)
+    render_report(args.directory, report_console(args.quiet), per_example=args.per_example)
     return 0
+
+
+def render_report(directory: Path, console, per_example: bool = False) -> dict:
+    """`bench.report.render`, with every engine's own sections (its report.py) registered first."""
+    engines.load_reports()
+    return render(directory, console, per_example=per_example)

@@ -17,11 +17,11 @@ from rich.console import Console
 from draftlab import __version__
 from draftlab.bench.concurrency import ConcurrencyPlan, run_concurrency
 from draftlab.bench.records import RUN_FILE, RunInfo
-from draftlab.bench.report import render
 from draftlab.bench.runner import BenchPlan, Variant, run_bench
 from draftlab.bench.suites import SUBTASKS
 from draftlab.cli.common import add_method_args, add_model_args
 from draftlab.cli.console import report_console
+from draftlab.cli.report import render_report
 from draftlab.errors import DraftlabError
 from draftlab.hardware import hardware
 from draftlab.models.loading import LoadedModel
@@ -202,5 +202,5 @@ def execute(
         run_concurrency(concurrency, out, info, resume=args.resume, quiet=args.quiet)
     else:
         run_bench(plan, out, info, resume=args.resume, quiet=args.quiet)
-    render(out, report_console(False), per_example=args.per_example)
+    render_report(out, report_console(False), per_example=args.per_example)
     return 0

@@ -45,7 +45,8 @@ def _load_parts(part: str) -> None:
 
 
 def load_reports() -> None:
-    """Each engine's report sections (its report.py, bench/sections.py), when a report is made."""
+    """Each engine's report sections (its report.py, bench/sections.py): the commands call this
+    before a report is made (bench sits below the engines and does not)."""
     _load_parts("report")
 
 

@@ -50,9 +50,10 @@ def plan_run(
     check(chosen)
     methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
     configs = {m: decoder_config(args, m) for m in methods}
+    sampling = sampling_from(args)
     needs_draft = any(method_spec(m).needs_draft for m in methods)
     examples = tuple(suite_examples(args))
     target = model_names(args, needs_draft)[0]
     choices = dtype_choices(args, target) if weights_read else {}
     per_engine = {engine: tuple(names) for engine, names in chosen.items()}
-    return RunPlan(tuple(engines), per_engine, configs, sampling_from(args), examples, choices, needs_draft)
+    return RunPlan(tuple(engines), per_engine, configs, sampling, examples, choices, needs_draft)

@@ -31,7 +31,7 @@ from draftlab.decode.spec import method_spec
 from draftlab.engines.llama_server.binary import server_binary
 from draftlab.engines.llama_server.convert import q4_1_copy
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
-from draftlab.engines.llama_server.engine import method_server_args, server_methods, server_target
+from draftlab.engines.llama_server.server_args import method_server_args, server_methods, server_target
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.hardware import hardware
 from draftlab.models.cache import home

@@ -18,10 +18,18 @@ from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
 from draftlab.distill.config import package_data
 from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llama_server import methods
+from draftlab.engines.llama_server.audit import run_server_audit
 from draftlab.engines.llama_server.binary import find_server, server_binary
 from draftlab.engines.llama_server.convert import head_gguf
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.engines.llama_server.methods import NAME, NOT_RUN
+from draftlab.engines.llama_server.server_args import (
+    DEFAULT_METHODS,
+    default_methods,
+    method_server_args,
+    server_methods,
+    server_target,
+)
 from draftlab.engines.llama_server.tuning import (
     Calibration,
     calibrate,
@@ -29,54 +37,18 @@ from draftlab.engines.llama_server.tuning import (
     length_args,
     plain_rates,
 )
-from draftlab.engines.llamacpp.engine import gguf_target
-from draftlab.engines.llamacpp.export import export_gguf
-from draftlab.engines.llamacpp.load import locate
-from draftlab.engines.llamacpp.model import OWN_STORAGE, is_llamacpp_source
 from draftlab.errors import DraftlabError
 from draftlab.files import read_text_file
-from draftlab.models.cache import home
-from draftlab.models.loading import LoadedModel, ModelSpec, load_model, resolve_path
+from draftlab.models.loading import LoadedModel, resolve_path
 from draftlab.models.prompting import encode_prompt
-from draftlab.models.registry import ENTRIES
-from draftlab.plan.configs import decoder_config, parse_list, variant_params
+from draftlab.plan.configs import decoder_config, variant_params
 from draftlab.plan.profiles import machine_profile
 from draftlab.plan.prompts import held_out_examples
-from draftlab.plan.roles import head_name, load_shells
+from draftlab.plan.roles import load_shells
 from draftlab.progress import progress_bar
 
 SUFFIX = "@" + NAME
 HEAD_GGUF = "head-eagle3-bf16.gguf"  # beside a trained head: -md FOLDER/head-eagle3-bf16.gguf --spec-type draft-eagle3
-DEFAULT_METHODS = "ar,ngram-mod,ngram-simple,ngram-map-k,ngram-cache"
-
-
-def default_methods(args: argparse.Namespace) -> str:
-    """llama.cpp's n-gram drafters, and our draft (draft-simple) and EAGLE-3 head (draft-eagle3) where
-    they are at hand: the shipped ones for the default target, or --draft and --head."""
-    extra = []
-    if args.target is None or getattr(args, "draft", None):
-        extra.append("sps")
-    if head_name(args):
-        extra += ["eagle", "eagle+ngram-mod"]
-    return ",".join([DEFAULT_METHODS, *extra])
-
-
-def server_methods(args: argparse.Namespace) -> list[str]:
-    """--methods (default: default_methods) as llama-server methods other than ar, each checked to
-    run there (a one-line error names one that does not)."""
-    text = args.methods if args.methods is not None else default_methods(args)
-    names = [m for m in parse_list(text, str, "method") if m != "ar"]
-    for name in names:
-        method_spec(name)
-    for name in names:
-        if methods.counterpart(method_spec(name)) is None:
-            raise DraftlabError(f"method '{name}' is not available on engine {NAME}")
-    return list(dict.fromkeys(names))
-
-
-# What the server runs a catalogue target from: its BF16 copy, whose verification of several tokens is
-# cheap on CPUs (docs/engines.md), unless --gguf-type names another storage.
-DEFAULT_STORAGE = "bf16"
 DEFAULTS_SUFFIX = " default"  # the same drafter at llama-server's own settings, beside the chosen ones
 CALIBRATION_TOKENS = 64  # at most: the run's --max-new-tokens if fewer
 CALIBRATION_PER_SUBTASK = 2
@@ -124,68 +96,6 @@ def _earlier_settings(args: argparse.Namespace) -> dict[str, dict]:
     except (OSError, ValueError):
         return {}
     return (extra.get("llama_server") or {}).get("settings") or {}
-
-
-def draft_gguf(name: str, reference: Path) -> Path:
-    """Our transformers draft as a BF16 GGUF for llama-server's draft-simple, written once."""
-    out = home() / "gguf" / f"{Path(name).name}-bf16.gguf"
-    if not out.is_file():
-        Console(stderr=True).print(
-            f"[dim]writing the draft {name} as a bf16 GGUF for llama-server (once): {out}[/]"
-        )
-        export_gguf(load_model(ModelSpec(name, dtype="float32")), out, reference, "bf16")
-    return out
-
-
-def method_server_args(method: str, args: argparse.Namespace, target, draft, binary: Path) -> list[str]:
-    """llama-server's options for a method at its own defaults: the drafter's type, and the GGUF of
-    our draft (draft-simple) or of our EAGLE-3 head (draft-eagle3), written once."""
-    kind = methods.counterpart(method_spec(method))
-    spec_args: list[str] = [] if not kind else ["--spec-type", kind]
-    if kind == "draft-simple":
-        if draft is None:
-            raise DraftlabError(f"method '{method}' on llama-server needs a draft model (--draft)")
-        spec_args += ["-md", str(_draft_file(draft, target))]
-    elif kind and "draft-eagle3" in kind.split(","):
-        head = head_name(args)
-        if head is None:
-            raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
-        spec_args += ["-md", str(_head_file(head, target, binary))]
-    return spec_args
-
-
-def _user_gguf(name: str) -> Path | None:
-    """A .gguf file the user named, to run as it is (a catalogue name is not one)."""
-    return Path(name).expanduser() if name not in ENTRIES and is_llamacpp_source(name) else None
-
-
-def _draft_file(draft, target) -> Path:
-    """The draft as llama-server loads it: the user's GGUF, or our transformers draft written once as one."""
-    own = _user_gguf(draft.spec.name)
-    if own is not None:
-        return own
-    return draft_gguf(draft.spec.name, _user_gguf(target.spec.name) or locate(target.spec.name)[0])
-
-
-def _head_file(head: str, target, binary: Path) -> Path:
-    """The EAGLE-3 head as llama-server loads it: the user's GGUF, or a speculators folder converted
-    once by llama.cpp's converter beside the target's transformers folder."""
-    own = _user_gguf(head)
-    if own is not None:
-        return own
-    if _user_gguf(target.spec.name) is not None:
-        raise DraftlabError(
-            f"--head '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
-            "folder to write one, and the target is a GGUF file; pass the head as a .gguf"
-        )
-    return head_gguf(resolve_path(head), resolve_path(target.spec.name), binary)
-
-
-def server_target(args: argparse.Namespace, target):
-    """The target as the server runs it: its catalogue GGUF in --gguf-type's storage (BF16 unless
-    named), or the .gguf it is."""
-    storage = args.gguf_type if args.gguf_type not in (OWN_STORAGE, "auto") else DEFAULT_STORAGE
-    return gguf_target(args, target, storage)
 
 
 def _pool(args: argparse.Namespace, gguf, binary: Path) -> ServerPool:
@@ -399,8 +309,6 @@ class LlamaServerEngine(EngineDefaults):
 
     def audit(self, args: argparse.Namespace, texts: list[str], bar) -> tuple[dict, list]:
         """Its drafters' greedy tokens against its own plain decoding (engines/llama_server/audit.py)."""
-        from draftlab.engines.llama_server.audit import run_server_audit  # noqa: PLC0415 (it imports this)
-
         return run_server_audit(args, texts, bar)
 
     def gamma_grid(self, args, sampling, examples, gammas: list[int], p_mins: list[float] | None):
