@@ -85,9 +85,16 @@ def run(args: argparse.Namespace) -> int:
         [(target, draft if needs_draft else None)], examples, args.max_new_tokens, not args.no_chat
     )
     # Engines not asked for may join a default run: the fastest plain decoding a user has (llama.cpp).
+    missing = None  # why a run without an engine misses a comparison a user would expect
     for name in registry.engine_names():
-        if name not in chosen and (joined := registry.get(name).joins(args, engines, target)):
+        if name in chosen:
+            continue
+        engine = registry.get(name)
+        why = engine.absent(target)
+        if joined := engine.joins(args, engines, target):
             chosen[name] = joined
+        elif why:
+            missing = why
     extra: dict = {"engines": list(chosen)}
     variants: list[Variant] = []
     baselines: dict[str, str] = {}
@@ -107,14 +114,12 @@ def run(args: argparse.Namespace) -> int:
         closers.append(made.close)
         examples = made.examples if made.examples is not None else examples
         block = max(block, made.block)
-    for name in registry.engine_names():
-        if name not in chosen and (why := registry.get(name).absent(target)):
-            extra["engines_missing"] = why
-    if any(v.config.exact for v in variants) and not any(v.config.compile for v in variants):
+    if missing:
+        extra["engines_missing"] = missing
+    before = peak_rss_mb()
+    if any(v.config.exact or v.config.compile for v in variants):
         warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
     if any(v.config.compile for v in variants):
-        before = peak_rss_mb()
-        warm_compiled(variants, examples, args.max_new_tokens, not args.no_chat, args.quiet)
         extra["compile_s"] = compile_record(variants)
         steps = next(v.decoder.target.compiled for v in variants if v.config.compile)
         if steps.single_ms:
