@@ -7,7 +7,7 @@ from tiny import FAMILIES
 from tolerance import assert_greedy_equal
 
 from draftlab.decode.build import build_decoder
-from draftlab.decode.spec import SETTINGS, DecoderConfig
+from draftlab.decode.spec import DecoderConfig
 from draftlab.models.loading import ModelSpec, check_compatible, load_model
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
@@ -38,8 +38,7 @@ def loaded(tiny_pair):
 def run(method, target, draft, prompt, max_new=40, gamma=4, **kw):
     kw.setdefault("draft_confidence", 0.0)  # plain SPS: every round drafts γ
     ids = encode_prompt(target, prompt, chat=False)
-    options = tuple((name, kw.pop(name)) for name in list(kw) if name in SETTINGS)  # a drafter's own
-    config = DecoderConfig(method=method, gamma=gamma, options=options, **kw)
+    config = DecoderConfig.of(method=method, gamma=gamma, **kw)  # a drafter's own settings too
     return build_decoder(config, target, draft).generate(ids, max_new, GREEDY)
 
 

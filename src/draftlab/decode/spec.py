@@ -135,13 +135,10 @@ class DecoderConfig:
 
     @classmethod
     def of(cls, **values: Any) -> DecoderConfig:
-        """A config from fields and drafters' settings alike: `DecoderConfig.of(method="pld", pld_tokens=6)`."""
-        len(REGISTRY)  # the table's rows declare the settings
-        options = {k: values.pop(k) for k in list(values) if k not in _FIELDS}
-        for name in options:
-            if name not in SETTINGS:
-                raise DraftlabError(f"unknown setting '{name}'")
-        return cls(**values, options=tuple(options.items()))
+        """A config from fields and drafters' settings alike: `DecoderConfig.of(method="pld", pld_tokens=6)`
+        (each setting checked as `options` are)."""
+        options = tuple((k, values.pop(k)) for k in list(values) if k not in _FIELDS)
+        return cls(**values, options=options)
 
     def option(self, name: str) -> Any:
         """A drafter's own setting: its value for this run, else its declared default."""

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from draftlab.bench.runner import Variant
 from draftlab.decode.build import check_fits
-from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
+from draftlab.decode.spec import DecoderConfig, MethodSpec
 from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llamacpp import methods
 from draftlab.engines.llamacpp.audit import LlamaCppRecheck
@@ -104,17 +104,6 @@ def installed() -> bool:
     """Whether llama-cpp-python can be imported here (without importing it)."""
 
     return importlib.util.find_spec("llama_cpp") is not None
-
-
-def check_method(method: str) -> None:
-    """Methods decoded by transformers' generate() or vLLM need their engine; the rest of our loop and
-    llama.cpp's own decoding run here."""
-    spec = method_spec(method)
-    if methods.counterpart(spec) is None:
-        raise DraftlabError(
-            f"method '{method}' is not available on engine llamacpp (it is decoded by "
-            f"{'vLLM' if spec.engine == 'vllm' else 'transformers generate()'}, not by draftlab's loop)"
-        )
 
 
 def load_pair(
