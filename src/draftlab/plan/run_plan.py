@@ -42,16 +42,15 @@ def plan_run(
     chosen = {}
     for engine in engines:
         names = parse_list(args.methods if args.methods is not None else methods_of(engine), str, "method")
-        for name in names:
-            method_spec(name)
         if "ar" not in names:
             names.insert(0, "ar")  # speed-ups are always measured against AR on the same engine
         chosen[engine] = names
-    check(chosen)
     methods = list(dict.fromkeys(m for names in chosen.values() for m in names))
     configs = {m: decoder_config(args, m) for m in methods}
     sampling = sampling_from(args)
-    needs_draft = any(method_spec(m).needs_draft for m in methods)
+    # An unknown name is refused here, before the engines' own check can misname it.
+    needs_draft = any([method_spec(m).needs_draft for m in methods])
+    check(chosen)
     examples = tuple(suite_examples(args))
     target = model_names(args, needs_draft)[0]
     choices = dtype_choices(args, target) if weights_read else {}
