@@ -188,3 +188,19 @@ def random_head(target, draft_ids, seed=0, scale=0.3):
             if p.dim() > 1 and not name.startswith(("embed_tokens", "lm_head")):
                 p.normal_(0.0, scale / p.shape[-1] ** 0.5 * 4)
     return head.eval()
+
+
+def random_dflash(target, block_size=4, layers=1, seed=0, scale=0.3, mask_token_id=0):
+    """A random DFlash drafter for a loaded target (its width, heads and rope), drawn wide enough
+    that its drafts vary."""
+    from draftlab.drafters.dflash.head import DFlashDraft, dflash_config  # noqa: PLC0415
+
+    config = dflash_config(target.model.config, layers, block_size, mask_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        draft = DFlashDraft(config)
+        with torch.no_grad():
+            for p in draft.parameters():
+                if p.dim() > 1:
+                    p.normal_(0.0, scale / p.shape[-1] ** 0.5 * 4)
+    return draft.eval()

@@ -139,7 +139,8 @@ def build_decoder(
     if spec.needs_draft and draft is None:
         raise DraftlabError(f"method '{config.method}' needs a draft model (--draft)")
     if spec.needs_head and draft is None:
-        raise DraftlabError(f"method '{config.method}' needs an EAGLE-3 head (--head)")
+        flag = "--" + spec.head_option.replace("_", "-")
+        raise DraftlabError(f"method '{config.method}' needs {spec.head_kind} ({flag})")
     draft = draft if config.needs_draft else None
     main = spec.build(config, target, draft, cost)
     if not alternatives or getattr(main, "sizer", None) is None:

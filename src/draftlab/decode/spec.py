@@ -31,6 +31,7 @@ METHOD_MODULES = (
     "draftlab.drafters.hybrid.methods",
     "draftlab.drafters.suffix.methods",
     "draftlab.drafters.eagle3.methods",
+    "draftlab.drafters.dflash.methods",
     "draftlab.engines",  # each engine's own rows (engines/<name>/methods.py), from its one list
 )
 FLAGS = ("draft", "head", "plain", "sized", "tree", "lossy")
@@ -190,7 +191,12 @@ class MethodSpec:
     # torch), or the function itself.
     builder: str | Builder
     needs_draft: bool = False
-    needs_head: bool = False  # drafts with an EAGLE-3 head (--head), which reads the target's features
+    needs_head: bool = False  # drafts with a head that reads the target's features (EAGLE-3, DFlash)
+    # Where a head method's head comes from: the command-line option naming it (its dest), and the
+    # "module:function(name, target)" that loads it beside the target.
+    head_option: str = "head"
+    head_loader: str = ""
+    head_kind: str = "a head"  # what the head is, for messages ("an EAGLE-3 head")
     speculative: bool = True  # False: one target token per forward pass (a baseline)
     lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
     cost_aware: bool = False  # rounds can be sized from the cost curve
@@ -202,6 +208,10 @@ class MethodSpec:
     # transformers' generate, "llamacpp": llama-cpp-python's, "vllm": a head only vLLM loads).
     engine: str | None = None
     settings: tuple[str, ...] = ()  # the drafter's own settings it declared (`Setting` names)
+
+    def load_head(self, name: str, target):
+        module, _, function = self.head_loader.partition(":")
+        return getattr(importlib.import_module(module), function)(name, target)
 
     @property
     def external(self) -> bool:
@@ -273,11 +283,13 @@ def register(
     params: tuple[str, ...] = (),
     engine: str | None = None,
     settings: tuple[Setting, ...] = (),
+    head: tuple[str, str, str] | None = None,
 ) -> MethodSpec:
     """Add one row. `flags`: draft (needs a draft model), head (an EAGLE-3 head, passed where a draft
     goes), plain (a baseline: one target token per pass), sized (rounds sized from the cost curve),
     tree (token trees), lossy (not lossless by design). The first of `params` is reported as γ.
-    `settings`: the drafter's own (each also named in `params` to be recorded)."""
+    `settings`: the drafter's own (each also named in `params` to be recorded). `head`: a head
+    method's (option, loader) where not EAGLE-3's `--head`."""
     unknown = set(flags.split()) - set(FLAGS)
     if unknown:
         raise ValueError(f"method '{name}' has unknown flags {sorted(unknown)}")
@@ -302,6 +314,7 @@ def register(
             lossless="lossy" not in flags,
             engine=engine,
             settings=tuple(s.name for s in settings),
+            **(dict(zip(("head_option", "head_loader", "head_kind"), head, strict=True)) if head else {}),
         )
     except ValueError:
         for setting in added:

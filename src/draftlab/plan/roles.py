@@ -1,11 +1,11 @@
-"""The target, the draft and the EAGLE-3 head, loaded by role with the dtype and device asked for."""
+"""The target, the draft and a head (EAGLE-3, DFlash), loaded by role with the dtype and device asked for."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
 
-from draftlab.drafters.eagle3.io import load_head_lm
+from draftlab.decode.spec import method_spec
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import (
     STORAGES,
@@ -69,22 +69,25 @@ def load_draft(
     return draft
 
 
-def head_name(args: argparse.Namespace) -> str | None:
-    head = getattr(args, "head", None)
+def head_name(args: argparse.Namespace, option: str = "head") -> str | None:
+    """The head `option` names; EAGLE-3's `--head` defaults to the default target's shipped head."""
+    head = getattr(args, option, None)
+    if option != "head":
+        return head
     return head if head is not None or args.target is not None else DEFAULT_HEAD
 
 
 def load_head(args: argparse.Namespace, target: LoadedModel, method: str = "eagle"):
-    """The EAGLE-3 head beside its loaded target (in the target's dtype), checked to fit it."""
-
-    name = head_name(args)
+    """The head `method` drafts with (its drafter names the option and the loader), beside its
+    loaded target in the target's dtype, checked to fit it."""
+    spec = method_spec(method)
+    name = head_name(args, spec.head_option)
     if name is None:
-        raise DraftlabError(
-            f"method '{method}' needs an EAGLE-3 head: pass --head (a speculators-format folder)"
-        )
-    key = ("head", name, target.spec)
+        flag = "--" + spec.head_option.replace("_", "-")
+        raise DraftlabError(f"method '{method}' needs {spec.head_kind}: pass {flag}")
+    key = (spec.head_loader, name, target.spec)
     if key not in _HEADS:
-        _HEADS[key] = load_head_lm(name, target)
+        _HEADS[key] = spec.load_head(name, target)
     return _HEADS[key]
 
 

@@ -4,6 +4,7 @@ from draftlab.decode.spec import register
 from draftlab.drafters.draft_model.methods import DRAFT_CONFIDENCE, TREE_WIDTH
 
 BUILD = "draftlab.drafters.eagle3.build"
+HEAD = ("head", "draftlab.drafters.eagle3.io:load_head_lm", "an EAGLE-3 head")  # --head names it
 
 register(
     "eagle",
@@ -13,6 +14,7 @@ register(
     "head sized",
     ("gamma", "draft_confidence"),
     settings=(DRAFT_CONFIDENCE,),
+    head=HEAD,
 )
 register(
     "eagle-tree",
@@ -22,4 +24,5 @@ register(
     "head sized tree",
     ("gamma", "tree_width"),
     settings=(TREE_WIDTH,),
+    head=HEAD,
 )

@@ -101,7 +101,7 @@ def hf_variants(
 
     EAGLE methods take the head where draft-model methods take the draft: it is their second
     model, profiled and priced the same way."""
-    head = load_head(args, target) if any(c.spec.needs_head for c in configs.values()) else None
+    heads = {m: load_head(args, target, m) for m, c in configs.items() if c.spec.needs_head}
     others = [load_spec(dataclasses.replace(target.spec, dtype=d)) for d in other_dtypes]
     costs: dict[int, tuple] = {}  # id(second model) -> its cost model and its routes
 
@@ -116,7 +116,7 @@ def hf_variants(
         return costs[id(second)]
 
     def second_of(config: DecoderConfig) -> LoadedModel | None:
-        return head if config.spec.needs_head else draft
+        return heads[config.method] if config.spec.needs_head else draft
 
     adaptive = any(c.adaptive for c in configs.values())
     choice = choice or compile_choice(args, target)

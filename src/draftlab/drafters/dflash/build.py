@@ -1,0 +1,21 @@
+"""The DFlash decoder: block drafts as chains, k sized each round from the cost curve (k = 0: a plain step)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from draftlab.decode.build import chain_decoder, check_fits
+from draftlab.drafters.dflash.lm import DFlashLM
+from draftlab.drafters.dflash.proposer import DFlashProposer
+from draftlab.errors import DraftlabError
+
+
+def build_dflash(config, target, draft, cost):
+    check_fits(config, target)
+    if not isinstance(draft, DFlashLM):
+        raise DraftlabError(f"'{draft.spec.name}' is not a DFlash drafter (--dflash)")
+    # One pass drafts all k tokens: the cost model prices a block, not k chained passes.
+    cost = dataclasses.replace(cost, block=True) if cost is not None else None
+    proposer = DFlashProposer(draft, frozenset(target.eos_token_ids))
+    k_max = min(config.gamma, draft.model.block_size - 1)
+    return chain_decoder(config, target, cost, proposer, k_max, free_drafts=False)
