@@ -445,14 +445,14 @@ def test_sizing_follows_the_load_drafting_stops_when_passes_get_dear_and_resumes
 
 
 def test_a_block_drafter_pays_one_draft_pass_for_k_tokens():
-    """A block drafter (DFlash-style) drafts k tokens in one pass over the pending tokens and k
-    placeholders: its draft cost grows with that pass's size, not k-fold, so it breaks even at a
-    lower acceptance and sizes longer drafts than a chain drafter on the same curves."""
+    """A block drafter (DFlash) drafts k tokens in one pass over its whole block: its draft cost is
+    that pass's whatever k is, not k-fold, so it breaks even at a lower acceptance and sizes longer
+    drafts than a chain drafter on the same curves."""
     target = CostCurve([1, 2, 4, 8, 16], [64], [[10.0, 10.5, 11.0, 12.0, 14.0]])
     draft = CostCurve([1, 2, 4, 8, 16], [64], [[3.0, 3.1, 3.2, 3.4, 3.8]])
-    chain, block = CostModel(target, draft), CostModel(target, draft, block=True)
+    chain, block = CostModel(target, draft), CostModel(target, draft, block=8)
     assert chain.draft_ms(6, 64) == pytest.approx(draft.forward_ms(2, 64) + 5 * 3.0)
-    assert block.draft_ms(6, 64) == pytest.approx(draft.forward_ms(8, 64))
+    assert block.draft_ms(6, 64) == block.draft_ms(2, 64) == pytest.approx(draft.forward_ms(8, 64))
     assert block.draft_ms(0, 64) == 0.0
     assert break_even_alpha(block, 6, 64) < break_even_alpha(chain, 6, 64)
     alphas = [0.6] * 8

@@ -134,12 +134,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
 
-    h = p.add_argument_group("EAGLE-3 head (instead of a draft model)")
+    h = p.add_argument_group("a head that drafts from the target's hidden states (instead of a draft model)")
     h.add_argument(
         "--head",
-        choices=["eagle3"],
+        choices=["eagle3", "dflash"],
         default=None,
-        help="train an EAGLE-3 head that drafts from the target's hidden states (written in the speculators format)",
+        help="eagle3: an EAGLE-3 head (written in the speculators format); dflash: a DFlash block drafter "
+        "(written in the DFlashDraftModel layout, for the dflash method's --dflash)",
+    )
+    h.add_argument("--block-size", type=_positive_int, default=8, help="dflash: positions a block pass fills")
+    h.add_argument(
+        "--dflash-layers", type=_positive_int, default=1, help="dflash: the drafter's decoder layers"
     )
     h.add_argument("--draft-vocab", type=_positive_int, default=8192, help="tokens the head can propose")
     h.add_argument(
@@ -239,7 +244,37 @@ def _run_draft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_dflash(args: argparse.Namespace) -> int:
+    from draftlab.drafters.dflash.distill import DFlashOptions, distill_dflash  # noqa: PLC0415
+    from draftlab.drafters.dflash.train import DFlashTrainConfig  # noqa: PLC0415
+
+    if args.block_size < 2:
+        raise DraftlabError(
+            f"--block-size must be at least 2 (the anchor and one mask), got {args.block_size}"
+        )
+    train = DFlashTrainConfig(**_training(args))
+    opts = DFlashOptions(args.block_size, args.dflash_layers, train, args.time_budget, args.save_every)
+    result = distill_dflash(distill_config(args), opts)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    final = result.get("final") or {}
+    print(
+        f"DFlash drafter written to {result['out']} after {result['steps']} steps "
+        f"(loss {final.get('loss', float('nan')):.3f}, {result['train_tokens']} training tokens)"
+    )
+    held = result.get("held_out") or {}
+    if held.get("mean_accepted_length") is not None:
+        print(
+            f"held-out answers: first-token top-1 {held['first_token_top1']:.3f}, mean accepted length "
+            f"{held['mean_accepted_length']:.2f} of a block of {held['block_size']}"
+        )
+    return 0
+
+
 def _run_head(args: argparse.Namespace) -> int:
+    if args.head == "dflash":
+        return _run_dflash(args)
     from draftlab.drafters.eagle3.distill import HeadOptions, distill_head  # noqa: PLC0415
     from draftlab.drafters.eagle3.train import HeadTrainConfig  # noqa: PLC0415
 

@@ -28,9 +28,9 @@ class CostModel:
     target: CostCurve
     draft: CostCurve | None = None
     clock: Callable[[], float] = time.perf_counter
-    # A block drafter (DFlash-style) proposes its k tokens in one draft pass over the pending tokens
-    # and k placeholders; a chain drafter (a draft model, an EAGLE head) in k sequential passes.
-    block: bool = False
+    # A block drafter (DFlash) fills this many rows in one pass whatever k it proposes (0: a chain
+    # drafter, a draft model or an EAGLE head, drafting k tokens in k sequential passes).
+    block: int = 0
     # Exact mode pads every pass to this many rows (models/exact.py): a shorter one costs as much.
     min_rows: int = 1
 
@@ -39,11 +39,11 @@ class CostModel:
 
     def draft_ms(self, k: int, context: int, pending: int = 2) -> float:
         """Drafting k tokens: k passes, the first catching up `pending` tokens the draft has not seen
-        yet; a block drafter's one pass over those and k placeholders."""
+        yet; a block drafter's one pass over its block."""
         if k <= 0 or self.draft is None:
             return 0.0
         if self.block:
-            return self._pass_ms(max(pending, 1) + k, context)
+            return self._pass_ms(self.block, context)
         return self._pass_ms(max(pending, 1), context) + (k - 1) * self.draft.forward_ms(1, context)
 
     def _pass_ms(self, n: int, context: int) -> float:

@@ -15,7 +15,7 @@ def build_dflash(config, target, draft, cost):
     if not isinstance(draft, DFlashLM):
         raise DraftlabError(f"'{draft.spec.name}' is not a DFlash drafter (--dflash)")
     # One pass drafts all k tokens: the cost model prices a block, not k chained passes.
-    cost = dataclasses.replace(cost, block=True) if cost is not None else None
+    cost = dataclasses.replace(cost, block=draft.model.block_size) if cost is not None else None
     proposer = DFlashProposer(draft, frozenset(target.eos_token_ids))
     k_max = min(config.gamma, draft.model.block_size - 1)
     return chain_decoder(config, target, cost, proposer, k_max, free_drafts=False)

@@ -4,7 +4,8 @@ The loop hands over the target's hidden states at the drafter's taps for every p
 final (TakesFeatures). They wait here until the next block pass fuses them into context rows and
 caches their keys and values; the pass then runs the anchor (the sequence's last token, whose own
 hidden states the target has not computed yet) and k mask tokens, and the cache is cropped back to
-the context, so that it only ever holds final positions.
+the context, so that it only ever holds final positions. The pass always runs the whole block, as the
+drafter was trained; only the first k rows go through the output head.
 """
 
 from __future__ import annotations
@@ -56,10 +57,6 @@ class DFlashProposer(Proposer):
         else:
             self._waiting = self._waiting[: length - self._cached]
 
-    def lag(self, sequence: list[int]) -> int:
-        # The waiting context rows only pass through k/v projections; the anchor is the pass's one full row.
-        return 1
-
     @torch.inference_mode()
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         anchor = len(sequence) - 1
@@ -68,15 +65,17 @@ class DFlashProposer(Proposer):
             return Proposal()
         draft, device = self.model, self.draft.device
         context = draft.fuse(self._waiting[: anchor - self._cached])[None]
-        ids = torch.tensor([[sequence[-1]] + [draft.mask_token_id] * k], device=device)
+        # The whole block, as trained, whatever k is asked for: its rows see each other.
+        size = draft.block_size
+        ids = torch.tensor([[sequence[-1]] + [draft.mask_token_id] * (size - 1)], device=device)
         block = self.draft.embedding(ids).to(context.dtype)
-        positions = torch.arange(self._cached, anchor + k + 1, device=device)[None]
+        positions = torch.arange(self._cached, anchor + size, device=device)[None]
         out = draft(block, context, positions, self._cache)
         crop_to(self._cache, anchor)
         self._waiting = self._waiting[anchor - self._cached :]
         self._cached = anchor
         self.forward_calls += 1
-        logits = self.draft.output_head(out[0, 1:])
+        logits = self.draft.output_head(out[0, 1 : k + 1])
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):

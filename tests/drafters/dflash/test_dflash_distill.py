@@ -1,0 +1,64 @@
+"""`draftlab distill --head dflash` end to end on a real trained model (stories260K), from the CLI:
+features at the taps, block training, resume, held-out metrics, and the drafter's use by
+`draftlab generate --method dflash`, which must write the target's own greedy tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import SHARED
+
+from draftlab.cli import main
+
+STEPS = 300
+TEXT = SHARED / "corpus" / "tinystories_validation_head.txt"
+
+
+def _distill(stories, out, work, steps, *extra):
+    return [
+        "distill", "--head", "dflash", "--target", str(stories), "--target-dtype", "float32",
+        "--out", str(out), "--work-dir", str(work), "--no-default-prompts", "--text", str(TEXT),
+        "--corpus-prompts", "0", "--raw-chunks", "60", "--raw-chars", "500", "--steps", str(steps),
+        "--batch-tokens", "2048", "--lr", "0.004", "--warmup", "10", "--block-size", "6",
+        "--save-every", "50", "--eval-per-category", "0", "--quiet", "--json", *extra,
+    ]  # fmt: skip
+
+
+def test_a_dflash_drafter_learns_resumes_and_drafts_for_its_target(stories, tmp_path, capsys):
+    if not TEXT.exists():
+        pytest.fail(f"{TEXT} is missing: ../shared/corpus must be beside the clone", pytrace=False)
+    out, work = tmp_path / "dflash", tmp_path / "work"
+    assert main(_distill(stories, out, work, 2)) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(_distill(stories, out, work, STEPS, "--resume")) == 0
+    later = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    log = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log == list(range(1, STEPS + 1)), "the resumed run continues at step 3"
+    held = later["held_out"]
+    assert held["blocks"] > 50, "some sequences are held out, never trained on"
+    # Trained, the drafter's blocks agree with the target far more often than after two steps.
+    assert held["first_token_top1"] > first["held_out"]["first_token_top1"] + 0.1, (first, later)
+    assert held["mean_accepted_length"] > 1.2
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 6
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["trained_steps"] == STEPS and recipe["data"]["train_tokens"] > 0
+
+    prompt = ["--target", str(stories), "--dtype", "float32", "Once upon a time, there was a little",
+              "--max-new-tokens", "40", "--json"]  # fmt: skip
+    assert main(["generate", "--method", "ar", *prompt]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    assert (
+        main(["generate", "--method", "dflash", "--dflash", str(out), "--fixed-k", "--gamma", "5", *prompt])
+        == 0
+    )
+    dflash = json.loads(capsys.readouterr().out)
+    assert dflash["tokens"] == ar["tokens"]
+    assert dflash["stats"]["accepted"] > 0
+
+
+def test_dflash_distill_refuses_a_block_of_one(stories, tmp_path, capsys):
+    assert main(_distill(stories, tmp_path / "o", tmp_path / "w", 2, "--block-size", "1")) == 2
+    err = capsys.readouterr().err
+    assert "--block-size must be at least 2" in err and "Traceback" not in err
