@@ -146,6 +146,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument(
         "--dflash-layers", type=_positive_int, default=1, help="dflash: the drafter's decoder layers"
     )
+    h.add_argument(
+        "--anchors", type=_positive_int, default=16, help="dflash: blocks trained per sequence each step"
+    )
     h.add_argument("--draft-vocab", type=_positive_int, default=8192, help="tokens the head can propose")
     h.add_argument(
         "--ttt-steps", type=_positive_int, default=3, help="training-time-test steps (chain depth trained)"
@@ -252,9 +255,14 @@ def _run_dflash(args: argparse.Namespace) -> int:
         raise DraftlabError(
             f"--block-size must be at least 2 (the anchor and one mask), got {args.block_size}"
         )
-    train = DFlashTrainConfig(**_training(args))
+    train = DFlashTrainConfig(**_training(args), anchors=args.anchors)
     opts = DFlashOptions(args.block_size, args.dflash_layers, train, args.time_budget, args.save_every)
-    result = distill_dflash(distill_config(args), opts)
+    cfg = distill_config(args)
+    result = distill_dflash(cfg, opts)
+    for name in registry.engine_names():  # each engine that serves DFlash drafters writes its copy beside it
+        export = getattr(registry.get(name), "export_head", None)
+        if export is not None:
+            result.update(export(cfg.out, cfg.target, "dflash"))
     if args.json:
         print(json.dumps(result, default=str))
         return 0

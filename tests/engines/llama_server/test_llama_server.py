@@ -186,7 +186,7 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
     assert all(r["params"]["engine"] == "llama-server" for r in records)
     assert sum(r["drafted"] for r in records if r["label"].endswith(" default")) > 0
     run = json.loads((out / "run.json").read_text())
-    assert "draft-dflash" in run["extra"]["llama_server"]["not_run"]  # listed as available, not run
+    assert "draft-mtp" in run["extra"]["llama_server"]["not_run"]  # listed as available, not run
     settings = run["extra"]["llama_server"]["settings"]
     # Calibrated for the run's subtasks only, each with its own choice (None: no drafting there).
     assert set(settings) == {"ngram-mod", "ngram-simple"}

@@ -27,15 +27,18 @@ def converter(server: Path) -> Path:
     return script
 
 
-def head_gguf(head_dir: str, target_dir: str, server: Path, out: Path | None = None) -> Path:
-    """`out` defaults to the model cache; `draftlab distill --head eagle3` writes it beside the head."""
-    out = out or home() / "gguf" / f"{Path(head_dir).name}-eagle3-bf16.gguf"
+def head_gguf(
+    head_dir: str, target_dir: str, server: Path, out: Path | None = None, kind: str = "eagle3"
+) -> Path:
+    """A head folder (`kind`: an EAGLE-3 head, or a DFlash drafter) as a GGUF by llama.cpp's
+    converter. `out` defaults to the model cache; `draftlab distill --head` writes it beside the head."""
+    out = out or home() / "gguf" / f"{Path(head_dir).name}-{kind}-bf16.gguf"
     sources = [p for p in Path(head_dir).iterdir() if p.suffix != ".gguf"]
     if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     Console(stderr=True).print(
-        f"[dim]converting the EAGLE-3 head {head_dir} for llama-server (once): {out}[/]"
+        f"[dim]converting the {kind} head {head_dir} for llama-server (once): {out}[/]"
     )
     command = [
         sys.executable,

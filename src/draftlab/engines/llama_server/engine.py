@@ -48,7 +48,9 @@ from draftlab.plan.roles import load_shells
 from draftlab.progress import progress_bar
 
 SUFFIX = "@" + NAME
-HEAD_GGUF = "head-eagle3-bf16.gguf"  # beside a trained head: -md FOLDER/head-eagle3-bf16.gguf --spec-type draft-eagle3
+# Beside a trained head, per kind: -md FOLDER/head-eagle3-bf16.gguf --spec-type draft-eagle3
+# (head-dflash-bf16.gguf: --spec-type draft-dflash).
+HEAD_GGUF = "head-{kind}-bf16.gguf"
 DEFAULTS_SUFFIX = " default"  # the same drafter at llama-server's own settings, beside the chosen ones
 CALIBRATION_TOKENS = 64  # at most: the run's --max-new-tokens if fewer
 CALIBRATION_PER_SUBTASK = 2
@@ -321,15 +323,16 @@ class LlamaServerEngine(EngineDefaults):
         baselines = {v.label: variants[0].label for v in variants}
         return EngineVariants(variants, baselines, {"llama_server": record}, close=pool.close), target, draft
 
-    def export_head(self, head: Path, target: str) -> dict[str, str | None]:
-        """A trained EAGLE-3 head as a GGUF for llama-server's draft-eagle3, beside it, where
-        llama-server is built (its converter comes with it); a failed conversion is a warning: the
-        head itself is done."""
+    def export_head(self, head: Path, target: str, kind: str = "eagle3") -> dict[str, str | None]:
+        """A trained head (an EAGLE-3 head, a DFlash drafter) as a GGUF for llama-server's
+        draft-eagle3 or draft-dflash, beside it, where llama-server is built (its converter comes
+        with it); a failed conversion is a warning: the head itself is done."""
         server = find_server()
         if server is None:
             return {"gguf": None}
         try:
-            return {"gguf": str(head_gguf(str(head), resolve_path(target), server, head / HEAD_GGUF))}
+            out = head / HEAD_GGUF.format(kind=kind)
+            return {"gguf": str(head_gguf(str(head), resolve_path(target), server, out, kind))}
         except DraftlabError as exc:
             Console(stderr=True).print(
                 f"[yellow]warning:[/] the head was not converted for llama-server: {exc}"

@@ -10,11 +10,17 @@ NAME = "llama-server"
 # Drafters that need no model beside the target: llama.cpp's n-gram family.
 NGRAM_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k", "ngram-cache")
 # Our methods -> llama-server's --spec-type ("": plain decoding). sps drafts with our draft model
-# exported to GGUF, eagle with our EAGLE-3 head converted by llama.cpp's converter.
-COUNTERPARTS = {"ar": "", "sps": "draft-simple", "eagle": "draft-eagle3", "eagle3": "draft-eagle3"}
+# exported to GGUF, eagle with our EAGLE-3 head and dflash with our DFlash drafter, both converted by
+# llama.cpp's converter.
+COUNTERPARTS = {
+    "ar": "",
+    "sps": "draft-simple",
+    "eagle": "draft-eagle3",
+    "eagle3": "draft-eagle3",
+    "dflash": "draft-dflash",
+}
 # Drafters llama-server ships for which draftlab has no model yet: listed in reports, not run.
 NOT_RUN = {
-    "draft-dflash": "a DFlash block drafter",
     "draft-mtp": "an MTP head",
     "draft-dspark": "a DSpark drafter",
 }

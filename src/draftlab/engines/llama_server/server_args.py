@@ -35,6 +35,8 @@ def default_methods(args: argparse.Namespace) -> str:
         extra.append("sps")
     if head_name(args):
         extra += ["eagle", "eagle+ngram-mod"]
+    if getattr(args, "dflash", None):
+        extra.append("dflash")
     return ",".join([DEFAULT_METHODS, *extra])
 
 
@@ -69,7 +71,8 @@ def draft_gguf(name: str, reference: Path) -> Path:
 
 def method_server_args(method: str, args: argparse.Namespace, target, draft, binary: Path) -> list[str]:
     """llama-server's options for a method at its own defaults: the drafter's type, and the GGUF of
-    our draft (draft-simple) or of our EAGLE-3 head (draft-eagle3), written once."""
+    our draft (draft-simple), our EAGLE-3 head (draft-eagle3) or our DFlash drafter (draft-dflash),
+    written once."""
     kind = methods.counterpart(method_spec(method))
     spec_args: list[str] = [] if not kind else ["--spec-type", kind]
     if kind == "draft-simple":
@@ -81,6 +84,11 @@ def method_server_args(method: str, args: argparse.Namespace, target, draft, bin
         if head is None:
             raise DraftlabError(f"method '{method}' on llama-server needs an EAGLE-3 head (--head)")
         spec_args += ["-md", str(_head_file(head, target, binary))]
+    elif kind == "draft-dflash":
+        drafter = getattr(args, "dflash", None)
+        if drafter is None:
+            raise DraftlabError(f"method '{method}' on llama-server needs a DFlash drafter (--dflash)")
+        spec_args += ["-md", str(_head_file(drafter, target, binary, "dflash"))]
     return spec_args
 
 
@@ -97,18 +105,18 @@ def _draft_file(draft, target) -> Path:
     return draft_gguf(draft.spec.name, _user_gguf(target.spec.name) or locate(target.spec.name)[0])
 
 
-def _head_file(head: str, target, binary: Path) -> Path:
-    """The EAGLE-3 head as llama-server loads it: the user's GGUF, or a speculators folder converted
-    once by llama.cpp's converter beside the target's transformers folder."""
+def _head_file(head: str, target, binary: Path, kind: str = "eagle3") -> Path:
+    """A head as llama-server loads it: the user's GGUF, or its folder (EAGLE-3's speculators layout,
+    DFlash's) converted once by llama.cpp's converter beside the target's transformers folder."""
     own = _user_gguf(head)
     if own is not None:
         return own
     if _user_gguf(target.spec.name) is not None:
         raise DraftlabError(
-            f"--head '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
+            f"the {kind} head '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
             "folder to write one, and the target is a GGUF file; pass the head as a .gguf"
         )
-    return head_gguf(resolve_path(head), resolve_path(target.spec.name), binary)
+    return head_gguf(resolve_path(head), resolve_path(target.spec.name), binary, kind=kind)
 
 
 def server_target(args: argparse.Namespace, target):
