@@ -174,6 +174,8 @@ class TreeSizer(RoundSizer):
         many levels as recent trees grew (they stop early where leaves get unlikely)."""
         if self.cost.draft is None:
             return 0.0
+        if self.cost.block:  # a block drafter's tree comes from its one pass, however deep
+            return self.cost.draft_ms(1, context, pending) * self.calibration["draft"]
         first = self.cost.draft_ms(1, context, pending)
         drafted = self.evidence.tree_draft_gain
         levels = drafted[2] if drafted else float(self.k_max)
@@ -188,8 +190,9 @@ class TreeSizer(RoundSizer):
 
     def expand_threshold(self, context: int) -> float:
         """A draft tree grows one more level only while its best leaf is at least this likely:
-        a level costs one draft pass, which must buy at least what that time buys plainly."""
-        if self.cost.draft is None:
+        a level costs one draft pass, which must buy at least what that time buys plainly (nothing
+        for a block drafter, whose levels all come from one pass)."""
+        if self.cost.draft is None or self.cost.block:
             return 0.0
         verify_ms, _ = self._costs()
         level = self.cost.draft.forward_ms(self.width, context) * self.calibration["draft"]

@@ -110,6 +110,57 @@ def test_greedy_dflash_writes_what_the_target_alone_writes(llama, fixed_k):
     assert_greedy_equal(target, prompt, got.tokens, ar.tokens, "dflash")
 
 
+@pytest.mark.parametrize("budget", [6, None])
+def test_greedy_dflash_tree_writes_what_the_target_alone_writes(llama, budget):
+    from draftlab.decode.cost import CostModel
+    from draftlab.decode.timing import TickClock
+    from draftlab.models.cost_curve import CostCurve
+
+    target, lm, _ = llama
+    prompt = target.tokenizer("the cat sat on the mat and then the dog")["input_ids"]
+    ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 40, SamplingParams())
+    cost = None
+    if budget is None:  # the tree sizer picks the nodes; a block's levels all come from one pass
+        curve = CostCurve([1, 2, 4, 8], [64], [[1.0, 1.02, 1.05, 1.2]])
+        cost = CostModel(curve, CostCurve([1, 2, 4, 8], [64], [[0.1, 0.1, 0.11, 0.12]]), clock=TickClock())
+    config = DecoderConfig.of(method="dflash-tree", gamma=4, tree_budget=budget, tree_width=3)
+    decoder = build_decoder(config, target, lm, cost)
+    got = decoder.generate(prompt, 40, SamplingParams())
+    if budget is not None:
+        assert got.stats.drafted > 0
+    else:
+        assert decoder.sizer.expand_threshold(64) == 0.0
+    assert_greedy_equal(target, prompt, got.tokens, ar.tokens, "dflash-tree")
+
+
+def test_a_block_tree_gives_every_node_of_a_depth_that_rows_likeliest_tokens(llama):
+    """Rows of a block do not depend on the tokens chosen before them: a node's children are its
+    depth's row's top tokens, whatever the node; nodes come best first by path probability."""
+    from draftlab.drafters.dflash.proposer import DFlashTreeProposer
+
+    target, lm, _ = llama
+    ids = target.tokenizer("the cat sat on the mat")["input_ids"]
+    feats = _features(target, ids, lm.model.feature_layers)
+    tree = DFlashTreeProposer(lm, width=2, max_nodes=10)
+    tree.start(ids, ids)
+    tree.take_features(0, feats[: len(ids) - 1])
+    proposal = tree.propose(ids, 3, SamplingParams(), Sampler(0))
+    assert proposal.is_tree and len(proposal.tokens) == 10
+    depths, parents = proposal.depths(), proposal.parent_list()
+    by_depth: dict[int, set[int]] = {}
+    for i, d in enumerate(depths):
+        by_depth.setdefault(d, set()).add(proposal.tokens[i])
+        assert parents[i] < i  # topological
+    assert all(len(tokens) <= 2 for tokens in by_depth.values())  # one row's top-2 per depth
+    # The ten likeliest of the full tree's 2 + 4 + 8 paths (the same block, passed again).
+    top = torch.softmax(tree.block_logits(ids, 3).float(), -1).topk(2, -1).values.tolist()
+    full = [a for a in top[0]]
+    full += [a * b for a in top[0] for b in top[1]]
+    full += [a * b * c for a in top[0] for b in top[1] for c in top[2]]
+    values = sorted(proposal.path_values(proposal.scores), reverse=True)
+    assert values == pytest.approx(sorted(full, reverse=True)[:10])
+
+
 def test_dflash_refuses_what_it_cannot_draft_with(llama, tmp_path):
     target, lm, root = llama
     with pytest.raises(DraftlabError, match="needs a DFlash drafter"):
@@ -138,7 +189,12 @@ def vocab6(tmp_path_factory):
     return target, load_dflash_lm(str(root / "d"), target)
 
 
-def _decoder(target, lm, rule):
+def _decoder(target, lm, rule, tree=False):
+    if tree:
+        from draftlab.drafters.dflash.proposer import DFlashTreeProposer
+
+        proposer = DFlashTreeProposer(lm, width=2, max_nodes=4)
+        return SpeculativeDecoder(CachedModel(target), proposer, rule, gamma=2, tree_budget=4)
     return SpeculativeDecoder(CachedModel(target), DFlashProposer(lm), rule, gamma=2)
 
 
@@ -154,16 +210,17 @@ def test_greedy_dflash_on_six_tokens_accepts_drafts_and_stays_the_targets(vocab6
 
 
 @pytest.mark.statistical
-def test_dflash_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6):
+@pytest.mark.parametrize("tree", [False, True])
+def test_dflash_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6, tree):
     from test_sampling_exact import PARAMS, PROMPT, chi_square_p
 
     from draftlab.audit.law import sample_pairs
 
     target, lm = vocab6
-    run = sample_pairs(_decoder(target, lm, SpeculativeRule()), PROMPT, PARAMS, range(6000))
+    run = sample_pairs(_decoder(target, lm, SpeculativeRule(), tree), PROMPT, PARAMS, range(6000))
     assert run.acceptance is not None and 0.05 < run.acceptance < 0.95, run.acceptance
     assert chi_square_p(target, run.counts) > FALSE_FAILURE
-    wrong = sample_pairs(_decoder(target, lm, ResampleFromTargetRule()), PROMPT, PARAMS, range(6000))
+    wrong = sample_pairs(_decoder(target, lm, ResampleFromTargetRule(), tree), PROMPT, PARAMS, range(6000))
     assert chi_square_p(target, wrong.counts) < SHOWN_POWER
 
 

@@ -63,6 +63,8 @@ def test_each_drafter_is_tuned_by_its_own_length_knob_and_its_default_is_a_candi
     assert candidates_for("draft-simple") is CANDIDATES["draft"]
     assert candidates_for("draft-eagle3,ngram-mod") is CANDIDATES["draft"]
     assert candidates_for("ngram-cache") == {"on": []}
+    assert length_args("draft-dflash", 5) == ["--spec-draft-n-max", "5"]
+    assert candidates_for("draft-dflash") is CANDIDATES["draft"]
     # llama-server's defaults are among the candidates: draft n-max 3, ngram-mod 48-64, size-m 48.
     assert ["--spec-draft-n-max", "3"] in CANDIDATES["draft"].values()
     assert ["--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64"] in CANDIDATES[
@@ -200,3 +202,28 @@ def test_a_server_difference_is_rounding_only_if_the_q4_1_one_thread_rerun_expla
     assert audit.judge(1.0) == status
     # One server at a time: the served file's server stopped before the copy's ran.
     assert decoders["ngram-mod"].paused == 1
+
+
+def test_dflash_runs_on_llama_server_with_the_drafter_it_is_given(tmp_path):
+    """Our dflash is llama-server's draft-dflash; a user's DFlash GGUF goes to -md as it is, and
+    the method needs --dflash (a one-line error names it)."""
+    import argparse
+
+    from draftlab.decode.spec import method_spec
+    from draftlab.engines.llama_server import methods
+    from draftlab.engines.llama_server.server_args import default_methods, method_server_args
+    from draftlab.errors import DraftlabError
+
+    assert methods.counterpart(method_spec("dflash")) == "draft-dflash"
+    gguf = tmp_path / "my-dflash.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = argparse.Namespace(target="t.gguf", draft=None, head=None, dflash=str(gguf), methods=None)
+    assert "dflash" in default_methods(args).split(",")
+    assert method_server_args("dflash", args, None, None, tmp_path) == [
+        "--spec-type",
+        "draft-dflash",
+        "-md",
+        str(gguf),
+    ]
+    with pytest.raises(DraftlabError, match="needs a DFlash drafter"):
+        method_server_args("dflash", argparse.Namespace(dflash=None), None, None, tmp_path)

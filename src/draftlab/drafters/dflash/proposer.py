@@ -10,6 +10,8 @@ drafter was trained; only the first k rows go through the output head.
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 from transformers import DynamicCache
 
@@ -58,11 +60,13 @@ class DFlashProposer(Proposer):
             self._waiting = self._waiting[: length - self._cached]
 
     @torch.inference_mode()
-    def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+    def block_logits(self, sequence: list[int], k: int) -> torch.Tensor | None:
+        """The output head's logits [k, V] for the k positions after the sequence's last token, from
+        one block pass; None where there is nothing to draft from yet (the first round)."""
         anchor = len(sequence) - 1
         k = min(k, self.model.block_size - 1)
-        if k <= 0 or self.known < anchor:  # the first round: no target features yet
-            return Proposal()
+        if k <= 0 or self.known < anchor:
+            return None
         draft, device = self.model, self.draft.device
         context = draft.fuse(self._waiting[: anchor - self._cached])[None]
         # The whole block, as trained, whatever k is asked for: its rows see each other.
@@ -75,10 +79,15 @@ class DFlashProposer(Proposer):
         self._waiting = self._waiting[anchor - self._cached :]
         self._cached = anchor
         self.forward_calls += 1
-        logits = self.draft.output_head(out[0, 1 : k + 1])
+        return self.draft.output_head(out[0, 1 : k + 1])
+
+    def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+        logits = self.block_logits(sequence, k)
+        if logits is None:
+            return Proposal()
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
-        for i in range(k):
+        for i in range(len(logits)):
             if params.greedy:
                 token = argmax_rows(logits[i : i + 1])[0]
             else:
@@ -90,3 +99,51 @@ class DFlashProposer(Proposer):
             if token in self.stop_tokens:
                 break
         return Proposal(tokens, torch.stack(rows) if rows else None)
+
+
+class DFlashTreeProposer(DFlashProposer):
+    """A token tree from one block pass. The block's rows are drafted together, so row i's
+    distribution does not depend on the tokens chosen before it: the children of every node at
+    depth i are row i + 1's `width` likeliest tokens, and a node's value is the product of its
+    path's probabilities (as Medusa's heads build their trees). Nodes are taken best first.
+
+    Children are chosen deterministically, so verification treats them as one-hot proposals,
+    which keeps sampling exact (verify/rules.py)."""
+
+    makes_trees = True
+    # SizedDrafting (proposers/capabilities.py): the sizer sets both; a block costs one pass
+    # however deep its tree, so no level is too dear to grow.
+    use_draft = True
+    min_value = 0.0
+
+    def __init__(
+        self, lm: DFlashLM, width: int = 4, stop_tokens: frozenset[int] = frozenset(), max_nodes: int = 64
+    ) -> None:
+        super().__init__(lm, stop_tokens)
+        self.width = width
+        self.max_nodes = max_nodes
+
+    def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
+        logits = self.block_logits(sequence, k) if self.use_draft else None
+        if logits is None:
+            return Proposal(parents=[])
+        probs = torch.softmax(logits.float(), dim=-1) if params.greedy else warp_probs(logits, params)
+        top = torch.topk(probs, min(self.width, probs.shape[-1]), dim=-1)
+        choices = [
+            [(int(t), float(q)) for t, q in zip(idx.tolist(), val.tolist(), strict=True) if q > 0]
+            for idx, val in zip(top.indices, top.values, strict=True)
+        ]
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        frontier = [(-q, -1, 0, t, q) for t, q in choices[0]]  # (-value, parent, depth, token, q)
+        heapq.heapify(frontier)
+        while frontier and len(tokens) < self.max_nodes:
+            negative, parent, depth, token, q = heapq.heappop(frontier)
+            node = len(tokens)
+            tokens.append(token), parents.append(parent), scores.append(q)
+            if depth + 1 < len(choices) and token not in self.stop_tokens:
+                for child, cq in choices[depth + 1]:
+                    heapq.heappush(frontier, (negative * cq, node, depth + 1, child, cq))
+        proposal = Proposal(tokens, parents=parents, scores=scores, sources=["dflash"] * len(tokens))
+        return proposal.breadth_first(proposal.path_values(proposal.scores))
