@@ -154,6 +154,30 @@ def test_compiled_eagle_writes_plain_decodings_tokens(story_model, story_head):
     assert head.compiled is not None and head.compiled.calls >= head.forward_calls - 1 > 0
 
 
+@pytest.mark.parametrize("method", ["dflash", "dflash-tree"])
+def test_compiled_dflash_writes_plain_decodings_tokens(story_model, tmp_path, method):
+    """dflash and dflash-tree under --compile: the target's passes compiled, the block drafter eager
+    on their features."""
+    from tiny import random_dflash
+
+    from draftlab.drafters.dflash.io import save_dflash
+    from draftlab.drafters.dflash.lm import load_dflash_lm
+
+    save_dflash(random_dflash(story_model, block_size=4), tmp_path / "dflash", str(story_model.path))
+    drafter = load_dflash_lm(str(tmp_path / "dflash"), story_model)
+    ids = encode_prompt(story_model, "Once upon a time, there was a little cat named Tom.", chat=False)
+    plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 60, GREEDY)
+    budget = 5 if method == "dflash-tree" else None
+    config = DecoderConfig.of(method=method, compile=True, fixed_k=True, gamma=3, tree_budget=budget)
+    decoder = build_decoder(config, story_model, drafter)
+    assert decoder.target.compiled is not None
+    got = decoder.generate(ids, 60, GREEDY)
+    assert got.stats.drafted > 0
+    assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, f"compiled {method}")
+    # The drafter read the compiled target's features for every final token but the last.
+    assert decoder.proposer.known == len(ids) + len(got.tokens) - 1
+
+
 def test_the_compiled_head_gives_the_eager_heads_logits_over_chains_and_trees(story_model, story_head):
     """The head's passes through its package over a static cache: the eager head's logits and
     outputs, for a catch-up chain, tree levels (a 4-D mask widened to the bucket) and after a crop."""

@@ -197,6 +197,7 @@ class MethodSpec:
     head_option: str = "head"
     head_loader: str = ""
     head_kind: str = "a head"  # what the head is, for messages ("an EAGLE-3 head")
+    head_default: str | None = None  # the catalogue head it takes beside the default target
     speculative: bool = True  # False: one target token per forward pass (a baseline)
     lossless: bool = True  # False: the output may differ from the target's by design (BiLD)
     cost_aware: bool = False  # rounds can be sized from the cost curve
@@ -283,7 +284,7 @@ def register(
     params: tuple[str, ...] = (),
     engine: str | None = None,
     settings: tuple[Setting, ...] = (),
-    head: tuple[str, str, str] | None = None,
+    head: tuple[str, str, str] | tuple[str, str, str, str] | None = None,
 ) -> MethodSpec:
     """Add one row. `flags`: draft (needs a draft model), head (an EAGLE-3 head, passed where a draft
     goes), plain (a baseline: one target token per pass), sized (rounds sized from the cost curve),
@@ -314,7 +315,11 @@ def register(
             lossless="lossy" not in flags,
             engine=engine,
             settings=tuple(s.name for s in settings),
-            **(dict(zip(("head_option", "head_loader", "head_kind"), head, strict=True)) if head else {}),
+            **(
+                dict(zip(("head_option", "head_loader", "head_kind", "head_default"), head, strict=False))
+                if head
+                else {}
+            ),
         )
     except ValueError:
         for setting in added:

@@ -69,19 +69,20 @@ def load_draft(
     return draft
 
 
-def head_name(args: argparse.Namespace, option: str = "head") -> str | None:
-    """The head `option` names; EAGLE-3's `--head` defaults to the default target's shipped head."""
+def head_name(
+    args: argparse.Namespace, option: str = "head", default: str | None = DEFAULT_HEAD
+) -> str | None:
+    """The head `option` names, else `default` (the head shipped for the default target) when the
+    target is the default one."""
     head = getattr(args, option, None)
-    if option != "head":
-        return head
-    return head if head is not None or args.target is not None else DEFAULT_HEAD
+    return head if head is not None or args.target is not None else default
 
 
 def load_head(args: argparse.Namespace, target: LoadedModel, method: str = "eagle"):
     """The head `method` drafts with (its drafter names the option and the loader), beside its
     loaded target in the target's dtype, checked to fit it."""
     spec = method_spec(method)
-    name = head_name(args, spec.head_option)
+    name = head_name(args, spec.head_option, spec.head_default)
     if name is None:
         flag = "--" + spec.head_option.replace("_", "-")
         raise DraftlabError(f"method '{method}' needs {spec.head_kind}: pass {flag}")

@@ -4,7 +4,8 @@ from draftlab.decode.spec import register
 from draftlab.drafters.draft_model.methods import DRAFT_CONFIDENCE, TREE_WIDTH
 
 BUILD = "draftlab.drafters.eagle3.build"
-HEAD = ("head", "draftlab.drafters.eagle3.io:load_head_lm", "an EAGLE-3 head")  # --head names it
+# --head names it; the shipped head goes with the default target
+HEAD = ("head", "draftlab.drafters.eagle3.io:load_head_lm", "an EAGLE-3 head", "smollm2-135m-eagle3")
 
 register(
     "eagle",
