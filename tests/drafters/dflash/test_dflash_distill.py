@@ -43,8 +43,11 @@ def test_a_dflash_drafter_learns_resumes_and_drafts_for_its_target(stories, tmp_
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(_distill(stories, out, work, STEPS, "--resume")) == 0
     later = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    log = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert log == list(range(1, STEPS + 1)), "the resumed run continues at step 3"
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "the resumed run continues at step 3"
+    seen = [r["tokens"] for r in rows]
+    assert seen == sorted(seen) and seen[2] > seen[1] > 0, "tokens trained on count on across the resume"
+    assert (out / "accepted_vs_training_tokens.png").stat().st_size > 1000
     held = later["held_out"]
     assert held["blocks"] > 50, "some sequences are held out, never trained on"
     # Trained, the drafter's blocks agree with the target far more often than after two steps.

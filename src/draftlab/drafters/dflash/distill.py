@@ -25,11 +25,12 @@ from draftlab.drafters.dflash.io import load_dflash, save_dflash
 from draftlab.drafters.eagle3 import features as F
 from draftlab.drafters.eagle3.distill import _trim_log, held_out
 from draftlab.errors import DraftlabError
-from draftlab.files import write_text
+from draftlab.files import atomic_path, write_text
 from draftlab.models.loading import ModelSpec, load_model, resolve_path
 from draftlab.progress import maybe_progress
 
 CHECKPOINT = "dflash-checkpoint.pt"
+LEARNING_PNG = "accepted_vs_training_tokens.png"
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ def distill_dflash(cfg: DistillConfig, opts: DFlashOptions) -> dict:
                 on_save,
                 opts.save_every,
                 start_progress=float(last.get("progress", 0.0)),
+                start_tokens=int(last.get("tokens", 0)),
             )
     train_seconds += time.time() - t_train
 
@@ -205,6 +207,7 @@ def distill_dflash(cfg: DistillConfig, opts: DFlashOptions) -> dict:
         "torch": torch.__version__,
     }
     write_text(cfg.out / "recipe.json", json.dumps(recipe, indent=2, default=str) + "\n")
+    plot_learning(log_path, held, cfg.out / LEARNING_PNG)
     return {
         "out": str(cfg.out),
         "steps": step,
@@ -213,3 +216,42 @@ def distill_dflash(cfg: DistillConfig, opts: DFlashOptions) -> dict:
         "train_tokens": trained_tokens,
         "seconds": time.time() - started,
     }
+
+
+def plot_learning(log_path, held: dict, out, window: int = 25) -> None:
+    """Mean accepted length (teacher-forced, on the blocks of each step) against the sequence tokens
+    trained on, smoothed over `window` steps, with the held-out figure at the end: what more data
+    buys, for a user deciding how long to train."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "tokens" in r]
+    if not rows:
+        return
+    fig = Figure(figsize=(7.0, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    lengths = [r["mean_accepted_length"] for r in rows]
+    smooth = [
+        sum(lengths[max(0, i - window + 1) : i + 1]) / len(lengths[max(0, i - window + 1) : i + 1])
+        for i in range(len(lengths))
+    ]
+    ax.plot([r["tokens"] for r in rows], smooth, label=f"training blocks ({window}-step mean)")
+    if held.get("mean_accepted_length") is not None:
+        ax.scatter(
+            [rows[-1]["tokens"]],
+            [held["mean_accepted_length"]],
+            color="C1",
+            zorder=3,
+            label="held-out answers",
+        )
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel("mean accepted length (teacher-forced)")
+    ax.set_title(
+        f"DFlash drafter: accepted length against training tokens (block {held.get('block_size', '')})"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png")

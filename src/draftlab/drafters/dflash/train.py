@@ -110,9 +110,11 @@ def train(
     on_save: Callable[[int, dict], None] | None = None,
     save_every: int = 50,
     start_progress: float = 0.0,
+    start_tokens: int = 0,
 ) -> int:
     """Train from `start_step` until config.steps or the deadline; returns the last step done. The
-    target's embedding and output head stay frozen."""
+    target's embedding and output head stay frozen. Each step's metrics carry the sequence tokens
+    trained on so far (`tokens`, from `start_tokens`)."""
     draft.train()
     params = list(draft.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -123,6 +125,7 @@ def train(
     step, t0 = start_step, time.time()
     span = deadline - t0 if deadline is not None else None
     queue: list[dict] = []
+    seen = start_tokens
     while step < config.steps and (deadline is None or time.time() < deadline):
         group, tokens = [], 0
         while tokens < config.batch_tokens:
@@ -162,8 +165,10 @@ def train(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         step += 1
+        seen += tokens
         metrics = {
             "loss": float(loss.detach()),
+            "tokens": seen,
             "top1_0": hit_sum / max(blocks, 1),
             "mean_accepted_length": accepted / max(blocks, 1),
             "lr": lr,
