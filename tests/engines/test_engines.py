@@ -44,6 +44,8 @@ def test_our_methods_map_onto_vllms_speculative_config():
     assert speculative_config(DecoderConfig(method="ar"), None, None) is None
     eagle = speculative_config(DecoderConfig(method="eagle3", gamma=5), None, "/heads/e3")
     assert eagle == {"method": "eagle3", "num_speculative_tokens": 5, "model": "/heads/e3"}
+    dflash = speculative_config(DecoderConfig(method="dflash", gamma=7), None, "/heads/df")
+    assert dflash == {"method": "dflash", "num_speculative_tokens": 7, "model": "/heads/df"}
     merged = speculative_config(config, None, None, {"prompt_lookup_min": 2})
     assert merged["prompt_lookup_min"] == 2 and merged["prompt_lookup_max"] == 5
     with pytest.raises(DraftlabError, match="--speculator"):
@@ -55,12 +57,15 @@ def test_our_methods_map_onto_vllms_speculative_config():
 
 
 def test_the_registry_says_which_engine_runs_what():
-    assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle1", "eagle3", "mtp"}
+    assert set(VLLM_METHODS) == {"ar", "sps", "pld", "suffix", "eagle", "eagle1", "eagle3", "mtp", "dflash"}
     assert set(engines_for(REGISTRY["eagle1"])) == {"vllm"}
     # Our EAGLE-3 head on our loop, on vLLM as its eagle3 and on llama-server as its draft-eagle3;
     # llama-cpp-python hands our loop no hidden states.
     assert set(engines_for(REGISTRY["eagle"])) == {"hf", "vllm", "llama-server"}
     assert set(engines_for(REGISTRY["eagle-tree"])) == {"hf"}
+    # Our DFlash drafter: our loop, vLLM's dflash, llama-server's draft-dflash; its tree is ours only.
+    assert set(engines_for(REGISTRY["dflash"])) == {"hf", "vllm", "llama-server"}
+    assert set(engines_for(REGISTRY["dflash-tree"])) == {"hf"}
     assert set(engines_for(REGISTRY["bild"])) == {"hf", "llamacpp"}
     assert set(engines_for(REGISTRY["sps"])) == {"hf", "llamacpp", "vllm", "llama-server"}
     # llama-server's own drafters run there only; pld has no llama-server counterpart of its own.

@@ -151,7 +151,7 @@ def speculative_config(
         out = {"method": "draft_model", "model": draft_path, "num_speculative_tokens": config.gamma}
     elif method == "suffix":
         out = {"method": "suffix", "num_speculative_tokens": config.pld_tokens}
-    else:  # a trained head: eagle, eagle3, mtp
+    else:  # a trained head: eagle, eagle3, mtp, dflash
         if method != "mtp" and not speculator:
             raise DraftlabError(f"method '{config.method}' needs --speculator (the head's folder)")
         out = {"method": method, "num_speculative_tokens": config.gamma}

@@ -159,11 +159,12 @@ def vllm_variants(
 
 
 def speculator_of(args: argparse.Namespace, config: DecoderConfig) -> str | None:
-    """--speculator, or for our EAGLE methods the head's folder (--head, or the shipped one)."""
+    """--speculator, or for our head methods the head's folder (EAGLE-3's --head, DFlash's --dflash,
+    or the one shipped for the default target)."""
     if args.speculator or not config.spec.needs_head:
         return args.speculator
-
-    name = head_name(args)
+    spec = config.spec
+    name = head_name(args, spec.head_option, spec.head_default)
     return resolve_path(name) if name else None
 
 

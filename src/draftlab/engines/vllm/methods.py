@@ -16,6 +16,7 @@ COUNTERPARTS = {
     "eagle1": "eagle",
     "eagle3": "eagle3",
     "mtp": "mtp",
+    "dflash": "dflash",
 }
 
 
