@@ -53,8 +53,9 @@ ROUNDING = {
 def default_methods() -> list[str]:
     """Every speculative method our own loop runs that claims to be lossless, from the registry.
 
-    EAGLE heads are not audited yet (the audit drives one draft for every method); their greedy and
-    sampling exactness is tested in tests/drafters/eagle3/test_eagle.py."""
+    Head methods (EAGLE-3, DFlash) are not audited yet (the audit drives one draft for every
+    method); their greedy and sampling exactness is tested in tests/drafters/eagle3/ and
+    tests/drafters/dflash/."""
     return [
         n for n, s in REGISTRY.items() if s.speculative and s.lossless and not s.external and not s.needs_head
     ]
@@ -69,7 +70,7 @@ def parse_methods(text: str | None) -> list[str]:
     for name in names:
         if method_spec(name).needs_head:
             raise DraftlabError(
-                f"audit does not cover EAGLE heads yet ('{name}'): tests/drafters/eagle3/test_eagle.py checks them"
+                f"audit does not cover head methods yet ('{name}'): tests/drafters/ check their exactness"
             )
     # ar is the reference every method is compared with.
     names = [n for n in dict.fromkeys(names) if n != "ar"]

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from draftlab.drafters.dflash.head import DFlashDraft, crop_to
-from draftlab.drafters.dflash.io import is_dflash_folder, load_dflash
+from draftlab.drafters.dflash.io import ARCHITECTURE, is_dflash_folder, load_dflash
 from draftlab.errors import DraftlabError
 from draftlab.models.loading import DTYPES, LoadedModel, ModelSpec, resolve_path
 
@@ -91,9 +91,7 @@ def load_dflash_lm(path: str, target, dtype: str | None = None) -> DFlashLM:
     dtype = dtype or target.spec.dtype
     folder = resolve_path(path)
     if not is_dflash_folder(folder):
-        raise DraftlabError(
-            f"'{path}' is not a DFlash drafter folder (config.json with {'DFlashDraftModel'})"
-        )
+        raise DraftlabError(f"'{path}' is not a DFlash drafter folder (config.json with {ARCHITECTURE})")
     draft = load_dflash(folder, DTYPES[dtype])
     tc = target.model.config
     if draft.config.vocab_size != target.vocab_size:
