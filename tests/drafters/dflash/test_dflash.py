@@ -217,10 +217,11 @@ def test_dflash_sampling_follows_the_target_and_a_wrong_rule_is_caught(vocab6, t
     from draftlab.audit.law import sample_pairs
 
     target, lm = vocab6
-    run = sample_pairs(_decoder(target, lm, SpeculativeRule(), tree), PROMPT, PARAMS, range(6000))
+    # 2,500 draws: the wrong rule reads p ~ 1e-25 (chain) and 1e-47 (tree) here, far past SHOWN_POWER.
+    run = sample_pairs(_decoder(target, lm, SpeculativeRule(), tree), PROMPT, PARAMS, range(2500))
     assert run.acceptance is not None and 0.05 < run.acceptance < 0.95, run.acceptance
     assert chi_square_p(target, run.counts) > FALSE_FAILURE
-    wrong = sample_pairs(_decoder(target, lm, ResampleFromTargetRule(), tree), PROMPT, PARAMS, range(6000))
+    wrong = sample_pairs(_decoder(target, lm, ResampleFromTargetRule(), tree), PROMPT, PARAMS, range(2500))
     assert chi_square_p(target, wrong.counts) < SHOWN_POWER
 
 
