@@ -112,8 +112,9 @@ def _head_file(head: str, target, binary: Path, kind: str = "eagle3") -> Path:
     if own is not None:
         return own
     if _user_gguf(target.spec.name) is not None:
+        flag = "--dflash" if kind == "dflash" else "--head"
         raise DraftlabError(
-            f"the {kind} head '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
+            f"{flag} '{head}' is not a GGUF: llama.cpp's converter needs the target's transformers "
             "folder to write one, and the target is a GGUF file; pass the head as a .gguf"
         )
     return head_gguf(resolve_path(head), resolve_path(target.spec.name), binary, kind=kind)
