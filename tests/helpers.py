@@ -46,3 +46,48 @@ def check_error(capsys, argv: list[str], *fragments: str) -> None:
     assert "\n" not in err and "Traceback" not in err, err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
+
+
+def server_round_trip(stories: Path, head: Path, spec_type: str, folder: Path, max_new_tokens: int):
+    """A trained head's round trip to llama.cpp users: stories260K converted to a float32 GGUF,
+    then llama-server's plain and drafting (`--spec-type spec_type -md head`) generations of one
+    prompt; None where llama-server is not built (a failure where DRAFTLAB_REQUIRE_LLAMACPP)."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    from draftlab.engines.llama_server.binary import find_server  # noqa: PLC0415
+    from draftlab.engines.llama_server.convert import converter  # noqa: PLC0415
+    from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool  # noqa: PLC0415
+    from draftlab.engines.llamacpp.load import load_llamacpp  # noqa: PLC0415
+    from draftlab.models.prompting import encode_prompt  # noqa: PLC0415
+    from draftlab.sampling import SamplingParams  # noqa: PLC0415
+
+    server = find_server()
+    if server is None:
+        if os.environ.get("DRAFTLAB_REQUIRE_LLAMACPP"):
+            pytest.fail("llama-server is not built (scripts/install-llamacpp.sh)", pytrace=False)
+        return None
+    target = folder / "stories-f32.gguf"
+    convert = [
+        sys.executable,
+        str(converter(server)),
+        str(stories),
+        "--outtype",
+        "f32",
+        "--outfile",
+        str(target),
+    ]
+    subprocess.run(convert, check=True, capture_output=True, timeout=300)
+    lm = load_llamacpp(str(target), tokenizer=str(stories))
+    pool = ServerPool(server, target, 1, 512, folder / "llama-server.log")
+    try:
+        ids = encode_prompt(lm, "Once upon a time, there was a little", chat=False)
+        plain = LlamaServerDecoder(pool, [], lm.tokenizer).generate(ids, max_new_tokens, SamplingParams())
+        args = ["--spec-type", spec_type, "-md", str(head)]
+        drafted = LlamaServerDecoder(pool, args, lm.tokenizer).generate(ids, max_new_tokens, SamplingParams())
+    finally:
+        pool.close()
+    return plain, drafted

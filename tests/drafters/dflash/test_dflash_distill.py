@@ -6,20 +6,12 @@ llama-server's draft-dflash."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from conftest import SHARED
+from helpers import server_round_trip
 
 from draftlab.cli import main
-from draftlab.engines.llama_server.binary import find_server
-from draftlab.engines.llama_server.convert import converter
-from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
-from draftlab.engines.llamacpp.load import load_llamacpp
-from draftlab.models.prompting import encode_prompt
-from draftlab.sampling import SamplingParams
 
 STEPS = 300
 TEXT = SHARED / "corpus" / "tinystories_validation_head.txt"
@@ -73,33 +65,11 @@ def test_a_dflash_drafter_learns_resumes_and_drafts_for_its_target(stories, tmp_
     # Where llama-server is built, the drafter also ends as a GGUF beside it (llama.cpp's own
     # converter), and llama-server drafts with it (--spec-type draft-dflash) for the same target:
     # accepted tokens show that both read the layout alike, and the output is the plain server's.
-    server = find_server()
-    if server is None:
-        if os.environ.get("DRAFTLAB_REQUIRE_LLAMACPP"):
-            pytest.fail("llama-server is not built (scripts/install-llamacpp.sh)", pytrace=False)
+    ran = server_round_trip(stories, out / "head-dflash-bf16.gguf", "draft-dflash", tmp_path, 60)
+    if ran is None:
         return
-    head = out / "head-dflash-bf16.gguf"
-    assert later["gguf"] == str(head) and head.is_file()
-    target = tmp_path / "stories-f32.gguf"
-    convert = [
-        sys.executable,
-        str(converter(server)),
-        str(stories),
-        "--outtype",
-        "f32",
-        "--outfile",
-        str(target),
-    ]
-    subprocess.run(convert, check=True, capture_output=True, timeout=300)
-    lm = load_llamacpp(str(target), tokenizer=str(stories))
-    pool = ServerPool(server, target, 1, 512, tmp_path / "llama-server.log")
-    try:
-        ids = encode_prompt(lm, "Once upon a time, there was a little", chat=False)
-        plain = LlamaServerDecoder(pool, [], lm.tokenizer).generate(ids, 60, SamplingParams())
-        args = ["--spec-type", "draft-dflash", "-md", str(head)]
-        drafted = LlamaServerDecoder(pool, args, lm.tokenizer).generate(ids, 60, SamplingParams())
-    finally:
-        pool.close()
+    assert later["gguf"] == str(out / "head-dflash-bf16.gguf")
+    plain, drafted = ran
     assert drafted.stats.accepted > 0, drafted.stats
     assert drafted.tokens == plain.tokens  # float32 target: passes of any size round alike
 

@@ -5,20 +5,12 @@ features, training with the training-time test, resume, held-out metrics, and th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from conftest import SHARED
+from helpers import server_round_trip
 
 from draftlab.cli import main
-from draftlab.engines.llama_server.binary import find_server
-from draftlab.engines.llama_server.convert import converter
-from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
-from draftlab.engines.llamacpp.load import load_llamacpp
-from draftlab.models.prompting import encode_prompt
-from draftlab.sampling import SamplingParams
 
 STEPS = 80
 TEXT = SHARED / "corpus" / "tinystories_validation_head.txt"
@@ -74,33 +66,11 @@ def test_a_head_learns_resumes_and_drafts_for_its_target(stories, tmp_path, caps
     assert eagle["stats"]["accepted"] > 0 and eagle["stats"]["mean_accepted_length"] > 1.2
     # Where llama-server is built, the head also ends as a GGUF beside it (llama.cpp's converter),
     # and llama-server drafts with it for the same target: the round trip to llama.cpp users.
-    server = find_server()
-    if server is None:
-        if os.environ.get("DRAFTLAB_REQUIRE_LLAMACPP"):
-            pytest.fail("llama-server is not built (scripts/install-llamacpp.sh)", pytrace=False)
+    ran = server_round_trip(stories, out / "head-eagle3-bf16.gguf", "draft-eagle3", tmp_path, 40)
+    if ran is None:
         return
-    head = out / "head-eagle3-bf16.gguf"
-    assert later["gguf"] == str(head) and head.is_file()
-    target = tmp_path / "stories-f32.gguf"
-    convert = [
-        sys.executable,
-        str(converter(server)),
-        str(stories),
-        "--outtype",
-        "f32",
-        "--outfile",
-        str(target),
-    ]
-    subprocess.run(convert, check=True, capture_output=True, timeout=300)
-    lm = load_llamacpp(str(target), tokenizer=str(stories))
-    pool = ServerPool(server, target, 1, 512, tmp_path / "llama-server.log")
-    try:
-        ids = encode_prompt(lm, "Once upon a time, there was a little", chat=False)
-        plain = LlamaServerDecoder(pool, [], lm.tokenizer).generate(ids, 40, SamplingParams())
-        args = ["--spec-type", "draft-eagle3", "-md", str(head)]
-        drafted = LlamaServerDecoder(pool, args, lm.tokenizer).generate(ids, 40, SamplingParams())
-    finally:
-        pool.close()
+    assert later["gguf"] == str(out / "head-eagle3-bf16.gguf")
+    plain, drafted = ran
     assert drafted.stats.accepted > 0, drafted.stats
     assert drafted.tokens == plain.tokens  # float32 files: passes of any size round alike
 
