@@ -133,6 +133,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "where batched answers come 2-3x faster; otherwise --target-dtype)",
     )
     d.add_argument("--max-len", type=_positive_int, default=768, help="longest sequence (prompt + response)")
+    d.add_argument(
+        "--answers-with",
+        default="auto",
+        metavar="ENGINE",
+        help="who writes the target's answers: hf (the target here, batched), llama-server (its parallel "
+        "slots on the target's GGUF; the target here then scores each answer for its labels), or auto "
+        "(default): from 128 jobs on, both answer one batch and the faster answers the rest",
+    )
 
     h = p.add_argument_group("a head that drafts from the target's hidden states (instead of a draft model)")
     h.add_argument(
@@ -334,12 +342,14 @@ def distill_config(args: argparse.Namespace) -> DistillConfig:
     eval_prompts = (
         Path(args.eval_prompts).expanduser() if args.eval_prompts else P.package_data("builtin_suite.jsonl")
     )
+    work = Path(args.work_dir).expanduser() if args.work_dir else out.parent / f"{out.name}.work"
+    answerers = _answerers(args, work)
     return P.DistillConfig(
         target=args.target,
         target_dtype=args.target_dtype,
         device=args.device,
         out=out,
-        work=Path(args.work_dir).expanduser() if args.work_dir else out.parent / f"{out.name}.work",
+        work=work,
         resume=args.resume,
         restart=args.restart,
         quiet=args.quiet,
@@ -378,7 +388,29 @@ def distill_config(args: argparse.Namespace) -> DistillConfig:
         ),
         seed=args.seed,
         cli={k: v for k, v in vars(args).items() if k != "func" and not callable(v)},
+        answerers=answerers,
+        answer_here=args.answers_with in ("auto", registry.DEFAULT),
     )
+
+
+def _answerers(args: argparse.Namespace, work: Path) -> tuple:
+    """(engine name, start) for each engine that may answer instead of the target here."""
+    choice = args.answers_with
+    offered = [n for n in registry.engine_names() if getattr(registry.get(n), "answerer", None)]
+    if choice not in ("auto", registry.DEFAULT, *offered):
+        raise DraftlabError(
+            f"--answers-with '{choice}': choose from auto, {registry.DEFAULT}, {', '.join(offered)}"
+        )
+    found = []
+    for name in offered:
+        if choice not in ("auto", name):
+            continue
+        start = registry.get(name).answerer(
+            args.target, args.target_dtype, args.max_new_tokens, args.max_len, work, required=choice == name
+        )
+        if start is not None:
+            found.append((name, start))
+    return tuple(found)
 
 
 def _training(args: argparse.Namespace) -> dict:

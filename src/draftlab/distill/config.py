@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from draftlab.distill import train as T
+from draftlab.distill.answers import AnswererFactory
 from draftlab.hardware import native_bf16
 
 
@@ -65,6 +66,10 @@ class DistillConfig:
     eval: EvalConfig
     seed: int
     cli: dict = field(default_factory=dict)  # the command line as given, for recipe.json
+    # Engines that may write the answers instead of the target here (`--answers-with`), and whether
+    # the target here answers too; where both may, the first batches race (distill/answers.py).
+    answerers: tuple[AnswererFactory, ...] = ()
+    answer_here: bool = True
 
     @property
     def data_dir(self) -> Path:

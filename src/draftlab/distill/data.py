@@ -13,12 +13,13 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from draftlab.errors import DraftlabError
-from draftlab.files import atomic_path
+from draftlab.files import atomic_path, write_text
 
 Message = dict[str, str]
 
@@ -219,9 +220,10 @@ def load_shards(data_dir: Path) -> list[dict]:
     return records
 
 
-def write_shard(data_dir: Path, records: list[dict]) -> None:
+def write_shard(data_dir: Path, records: list[dict], answered_by: str = "") -> None:
     index = len(list(data_dir.glob("shard-*.pt")))
     payload = {
+        "answered_by": answered_by,
         "keys": [r["key"] for r in records],
         "sources": [r["source"] for r in records],
         "ids": [r["ids"] for r in records],
@@ -233,6 +235,60 @@ def write_shard(data_dir: Path, records: list[dict]) -> None:
     }
     with atomic_path(data_dir / f"shard-{index:05d}.pt") as tmp:
         torch.save(payload, tmp)
+
+
+STORE = "store.json"
+STORE_FORMAT = 1
+
+
+def open_store(data_dir: Path, target: str) -> dict:
+    """The store's manifest: which target answered, and one version per run that added answers.
+
+    Answers are keyed by job, so a later run with more prompts adds only what is new; a store holds
+    one target's answers, and another target's are refused rather than mixed in."""
+    path = data_dir / STORE
+    if not path.exists():
+        earlier = sorted(data_dir.glob("shard-*.pt"))
+        versions = [{"version": 0, "shards": len(earlier), "note": "before the manifest"}] if earlier else []
+        return {"format": STORE_FORMAT, "target": target, "versions": versions}
+    try:
+        manifest = json.loads(path.read_text())
+        if manifest["target"] != target:
+            raise DraftlabError(
+                f"the answers in '{data_dir}' are for target '{manifest['target']}', not '{target}': "
+                "give another --work-dir"
+            )
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DraftlabError(f"'{path}' is not a draftlab answer store's manifest") from None
+
+
+def add_version(
+    data_dir: Path, manifest: dict, shards_before: int, seconds: float, answered_by: dict
+) -> dict:
+    """Record this run's addition (if any) as the store's next version."""
+    shards = sorted(data_dir.glob("shard-*.pt"))[shards_before:]
+    if not shards:
+        return manifest
+    sequences = response_tokens = 0
+    for shard in shards:
+        data = torch.load(shard, weights_only=True)
+        sequences += len(data["keys"])
+        response_tokens += sum(
+            len(ids) - int(start) for ids, start in zip(data["ids"], data["start"], strict=True)
+        )
+    version = {
+        "version": manifest["versions"][-1]["version"] + 1 if manifest["versions"] else 1,
+        "shards": len(shards),
+        "sequences": sequences,
+        "response_tokens": response_tokens,
+        "seconds": round(seconds, 1),
+        "answered_by": answered_by,
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest = {**manifest, "versions": [*manifest["versions"], version]}
+    write_text(data_dir / STORE, json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def data_stats(data_dir: Path) -> dict:

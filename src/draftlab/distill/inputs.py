@@ -8,6 +8,7 @@ from pathlib import Path
 
 from draftlab.distill import data as D
 from draftlab.distill import magpie
+from draftlab.distill.answers import Lazy, Race
 from draftlab.distill.config import DataConfig, DistillConfig
 from draftlab.distill.synth_prompts import synth_prompt_items
 from draftlab.distill.teacher import Teacher
@@ -28,6 +29,7 @@ class Inputs:
     synth_items: list = field(default_factory=list)
     magpie_items: list = field(default_factory=list)
     magpie_seconds: float = 0.0  # writing new requests this run (not counted as answering)
+    store: dict = field(default_factory=dict)  # the answer store's manifest after this run
 
     def add_magpie(self, prompts: list[str], data: DataConfig, seed: int) -> None:
         """Jobs for the target's own requests, answered like every other prompt."""
@@ -59,6 +61,7 @@ class Inputs:
             "magpie_seconds_this_run": round(self.magpie_seconds, 1),
             "raw_chunks": len(self.raw_chunks),
             "shards": D.data_stats(data_dir) if data_dir.exists() else {},
+            "store_versions": self.store.get("versions", []),
         }
 
 
@@ -81,6 +84,9 @@ def read_inputs(data: DataConfig, seed: int) -> Inputs:
     return Inputs(prompt_items, corpus_items, raw_chunks, jobs, synth_items)
 
 
+RACE_MIN_JOBS = 128  # --answers-with auto races the engines only from this many jobs on
+
+
 def generation_dtype(
     choice: str, target_dtype: str, device: str, native_bf16: bool, labels_from_answers: bool
 ) -> str:
@@ -101,26 +107,33 @@ def generation_dtype(
 def generate_data(
     cfg: DistillConfig, target: LoadedModel, inputs: Inputs, labels_from_answers: bool = True
 ) -> tuple[int, float, str]:
-    """The target writes its own requests if asked (--magpie-prompts), then answers every prompt;
-    requests and shards already on disk are kept.
+    """The target writes its own requests if asked (--magpie-prompts), then the jobs not in the store
+    yet are answered (by the target here or an engine, `cfg.answerers`); the store's manifest gets
+    this run's addition as a new version.
 
-    Returns (jobs left, seconds spent answering, the dtype it answered in); the seconds spent
-    writing requests go to `inputs.magpie_seconds`."""
+    Returns (jobs left, seconds spent answering, the dtype the target here answered or scored in);
+    the seconds spent writing requests go to `inputs.magpie_seconds`."""
     data = cfg.data
     gen_start = time.time()
     deadline = None if data.gen_minutes is None else gen_start + 60 * data.gen_minutes
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    manifest = D.open_store(cfg.data_dir, cfg.target)
+    shards_before = sum(v["shards"] for v in manifest["versions"])
     dtype = generation_dtype(data.gen_dtype, cfg.target_dtype, cfg.device, native_bf16(), labels_from_answers)
-    done = D.done_keys(cfg.data_dir) if cfg.data_dir.exists() else set()
+    done = D.done_keys(cfg.data_dir)
     on_disk = magpie.read_prompts(cfg.data_dir)
     generating = data.gen_minutes != 0
     more_requests = generating and len(on_disk) < data.magpie_prompts
     if (
         dtype != cfg.target_dtype
         and generating
-        and (more_requests or any(j.key not in done for j in inputs.jobs))
+        and (more_requests or (cfg.answer_here and any(j.key not in done for j in inputs.jobs)))
     ):
         target = load_model(ModelSpec(cfg.target, dtype, cfg.device))
+    else:
+        dtype = cfg.target_dtype
     target.model.eval()
+    race = None
     with maybe_progress(not cfg.quiet) as progress:
         if more_requests:
             task = (
@@ -152,15 +165,25 @@ def generate_data(
 
         teacher = Teacher(target.model, target.tokenizer, data.top_k, data.max_new_tokens, data.max_len)
         todo = len([j for j in inputs.jobs if j.key not in done])
+        engines = [Lazy(name, start, teacher) for name, start in cfg.answerers]
+        if cfg.answer_here and todo < RACE_MIN_JOBS:
+            engines = []  # a server start (and a conversion) would not pay back on so few answers
+        race = Race(([teacher] if cfg.answer_here else []) + engines)
         task = progress.add_task("teacher data", total=max(todo, 1), info="") if progress else None
         tokens = [0]
 
         def on_data(n: int, new_tokens: int) -> None:
             tokens[0] += new_tokens
             if progress:
-                progress.update(task, advance=n, info=f"{tokens[0]} tokens")
+                rates = ", ".join(f"{k} {v['tokens_per_s']} tok/s" for k, v in race.summary().items())
+                progress.update(task, advance=n, info=f"{tokens[0]} tokens ({rates})")
 
-        jobs_left = generate_teacher_data(
-            teacher, inputs.jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline
-        )
-    return jobs_left, time.time() - gen_start - inputs.magpie_seconds, dtype
+        try:
+            jobs_left = generate_teacher_data(
+                teacher, inputs.jobs, cfg.data_dir, data.gen_batch_size, on_data, deadline, race
+            )
+        finally:
+            race.close()
+    seconds = time.time() - gen_start - inputs.magpie_seconds
+    inputs.store = D.add_version(cfg.data_dir, manifest, shards_before, seconds, race.summary())
+    return jobs_left, seconds, dtype

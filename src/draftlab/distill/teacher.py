@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from draftlab.distill.answers import Race
 from draftlab.distill.data import Job, Message, done_keys, write_shard
 
 
@@ -43,6 +44,7 @@ class Teacher:
         eos = model.generation_config.eos_token_id
         self.eos = eos if eos is not None else tokenizer.eos_token_id
         self.chat = bool(getattr(tokenizer, "chat_template", None))
+        self.name = f"draftlab {str(model.dtype).removeprefix('torch.')}"  # who answered, in the store
 
     def encode(self, messages: list[Message]) -> list[int]:
         if self.chat:
@@ -120,11 +122,14 @@ def generate_data(
     batch_size: int,
     on_progress: Callable[[int, int], None] | None = None,
     deadline: float | None = None,
+    race: Race | None = None,
 ) -> int:
     """Produce the jobs not yet in a shard; one shard per batch, so an interrupt loses one batch.
 
-    With a `deadline` (time.time()), no batch starts after it. Returns the number of jobs left.
+    With a `deadline` (time.time()), no batch starts after it. `race` picks who answers each batch
+    (the teacher alone by default). Returns the number of jobs left.
     """
+    race = race or Race([teacher])
     data_dir.mkdir(parents=True, exist_ok=True)
     done = done_keys(data_dir)
     todo = [j for j in jobs if j.key not in done]
@@ -141,7 +146,7 @@ def generate_data(
             _record(j, seq, 0, 0, s, 0) for j, seq, s in zip(batch, seqs, scored, strict=True) if len(seq) > 1
         ]
         if records:
-            write_shard(data_dir, records)
+            write_shard(data_dir, records, teacher.name)
         if on_progress:
             on_progress(len(batch), sum(len(s) for s in seqs))
     # Group by temperature and turn count, and batch prompts of similar length (less padding).
@@ -157,6 +162,8 @@ def generate_data(
         if deadline is not None and time.time() >= deadline:
             return left
         left -= len(batch)
+        answerer = race.next()
+        started = time.perf_counter()
         conversations: list[list[Message]] = [[] for _ in batch]
         final: list[tuple[list[int], int, torch.Tensor, torch.Tensor]] = []
         new_tokens = [0] * len(batch)
@@ -165,7 +172,7 @@ def generate_data(
                 conv.append({"role": "user", "content": job.turns[turn]})
             prompts = [teacher.encode(conv)[-(teacher.max_len - 16) :] for conv in conversations]
             temperature, seed = batch[0].temperature, batch[0].seed
-            responses = teacher.respond(prompts, temperature, seed + turn)
+            responses = answerer.respond(prompts, temperature, seed + turn)
             final = []
             for row, (conv, prompt, (resp, t_ids, t_logp)) in enumerate(
                 zip(conversations, prompts, responses, strict=True)
@@ -176,13 +183,15 @@ def generate_data(
                 n_teacher = len(seq) - len(prompt)
                 final.append((seq, len(prompt), t_ids[:n_teacher], t_logp[:n_teacher]))
                 new_tokens[row] += len(resp)
+        by = getattr(answerer, "label", answerer.name)  # before the race may stop a loser
+        race.record(answerer, sum(new_tokens), time.perf_counter() - started)
         records = [
             _record(job, seq, start, n, (t_ids, t_logp), start - 1)
             for job, (seq, start, t_ids, t_logp), n in zip(batch, final, new_tokens, strict=True)
             if len(seq) > start
         ]
         if records:
-            write_shard(data_dir, records)
+            write_shard(data_dir, records, by)
         if on_progress:
             on_progress(len(batch), sum(new_tokens))
     return left

@@ -116,7 +116,8 @@ class Engine(Protocol):
 
     # Optional: `audit(args, texts, bar) -> (result, audits)`, an engine's own audit where it does not
     # decode in this process (llama-server's drafters against its own plain decoding).
-    # `gamma_grid` (sweep gamma) and `export_head` (distill) are optional too; `hasattr` finds them.
+    # `gamma_grid` (sweep gamma), `export_head` and `answerer` (distill) are optional too; `hasattr`
+    # finds them.
 
 
 class EngineDefaults:

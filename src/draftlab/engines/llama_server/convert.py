@@ -4,6 +4,7 @@ transformers folder as `--target-model-dir`, once per head."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,40 @@ def head_gguf(
         raise DraftlabError(
             f"llama.cpp's converter failed on {head_dir}: {lines[-1] if lines else done.returncode}"
         )
+    return out
+
+
+def model_gguf(folder: Path, outtype: str, server: Path) -> Path:
+    """A transformers folder as a GGUF of `outtype` by llama.cpp's converter, once, in the model cache
+    (again when the folder is newer)."""
+    digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
+    out = home() / "gguf" / f"{folder.name}-{digest}-{outtype}.gguf"
+    sources = [p for p in folder.iterdir() if p.is_file()]
+    if out.is_file() and sources and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Console(stderr=True).print(f"[dim]converting {folder} for llama-server (once): {out}[/]")
+    partial = out.with_suffix(".partial")
+    command = [
+        sys.executable,
+        str(converter(server)),
+        str(folder),
+        "--outtype",
+        outtype,
+        "--outfile",
+        str(partial),
+    ]
+    try:
+        done = run_child(command, CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DraftlabError(f"llama.cpp's converter did not finish within {CONVERT_TIMEOUT_S} s") from None
+    if done.returncode != 0 or not partial.is_file():
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        partial.unlink(missing_ok=True)
+        raise DraftlabError(
+            f"llama.cpp's converter failed on {folder}: {lines[-1] if lines else done.returncode}"
+        )
+    partial.replace(out)
     return out
 
 

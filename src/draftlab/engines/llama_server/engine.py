@@ -18,6 +18,7 @@ from draftlab.decode.spec import DecoderConfig, MethodSpec, method_spec
 from draftlab.distill.config import package_data
 from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.llama_server import methods
+from draftlab.engines.llama_server.answers import ServerAnswers, answer_gguf
 from draftlab.engines.llama_server.audit import run_server_audit
 from draftlab.engines.llama_server.binary import find_server, server_binary
 from draftlab.engines.llama_server.convert import head_gguf
@@ -322,6 +323,24 @@ class LlamaServerEngine(EngineDefaults):
         variants, pool, record = grid_variants(args, methods, target, draft, sampling, gammas, p_mins)
         baselines = {v.label: variants[0].label for v in variants}
         return EngineVariants(variants, baselines, {"llama_server": record}, close=pool.close), target, draft
+
+    def answerer(
+        self, target: str, dtype: str, max_new_tokens: int, max_len: int, work: Path, required: bool = False
+    ):
+        """`draftlab distill --answers-with`: a function that starts llama-server to answer for
+        `target` (engines/llama_server/answers.py), or None where llama-server is not built (an
+        error where it was asked for by name)."""
+        server = server_binary() if required else find_server()
+        if server is None:
+            return None
+
+        def start() -> ServerAnswers:
+            gguf = answer_gguf(target, dtype, server)
+            return ServerAnswers(
+                server, gguf, max_new_tokens, max_len + max_new_tokens, work / "llama-server.log"
+            )
+
+        return start
 
     def export_head(self, head: Path, target: str, kind: str = "eagle3") -> dict[str, str | None]:
         """A trained head (an EAGLE-3 head, a DFlash drafter) as a GGUF for llama-server's
