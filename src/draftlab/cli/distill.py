@@ -157,7 +157,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument(
         "--anchors", type=_positive_int, default=16, help="dflash: blocks trained per sequence each step"
     )
-    h.add_argument("--draft-vocab", type=_positive_int, default=8192, help="tokens the head can propose")
+    h.add_argument(
+        "--draft-vocab",
+        type=_positive_int,
+        default=None,
+        help="tokens the head can propose, the answers' most frequent (default: 8192 for eagle3, the "
+        "whole vocabulary for dflash, whose llama.cpp converter reads no pruned vocabulary)",
+    )
     h.add_argument(
         "--ttt-steps", type=_positive_int, default=3, help="training-time-test steps (chain depth trained)"
     )
@@ -264,7 +270,9 @@ def _run_dflash(args: argparse.Namespace) -> int:
             f"--block-size must be at least 2 (the anchor and one mask), got {args.block_size}"
         )
     train = DFlashTrainConfig(**_training(args), anchors=args.anchors)
-    opts = DFlashOptions(args.block_size, args.dflash_layers, train, args.time_budget, args.save_every)
+    opts = DFlashOptions(
+        args.block_size, args.dflash_layers, train, args.time_budget, args.save_every, args.draft_vocab
+    )
     cfg = distill_config(args)
     result = distill_dflash(cfg, opts)
     for name in registry.engine_names():  # each engine that serves DFlash drafters writes its copy beside it
@@ -295,7 +303,7 @@ def _run_head(args: argparse.Namespace) -> int:
     from draftlab.drafters.eagle3.train import HeadTrainConfig  # noqa: PLC0415
 
     train = HeadTrainConfig(**_training(args), ttt_steps=args.ttt_steps)
-    opts = HeadOptions(args.head, args.draft_vocab, train, args.time_budget, args.save_every)
+    opts = HeadOptions(args.head, args.draft_vocab or 8192, train, args.time_budget, args.save_every)
     cfg = distill_config(args)
     result = distill_head(cfg, opts)
     # Each engine that serves heads writes its copy beside it (llama-server: a GGUF).

@@ -3,8 +3,8 @@ that serves the same weights faster on some CPUs (llama-server's parallel slots)
 
 An engine's answers are only token ids; the target here then scores each answered sequence in one
 teacher-forced pass for its top-k labels, so every record in the store looks alike whoever wrote it.
-Where both can answer, the first batches race: each answers one batch of real jobs (kept, nothing is
-wasted) and the faster in response tokens per second answers the rest.
+Where both can answer, the first batches race: each answers two batches of real jobs in turn (kept,
+nothing is wasted) and the faster in response tokens per second answers the rest.
 """
 
 from __future__ import annotations
@@ -98,40 +98,48 @@ class Lazy:
 
 @dataclass
 class Race:
-    """Picks who answers each batch: every contestant once, in order, then the fastest so far."""
+    """Picks who answers each batch: the contestants take turns for `rounds` batches each, then the
+    one with the most response tokens per second over its race batches answers the rest. Batches
+    differ (prompt and answer lengths), so one batch each is a noisy sample; an engine that is not
+    answering is stopped meanwhile (an idle llama-server's threads spin and slow the target here)."""
 
     contestants: list  # objects with `name` and `respond` (the teacher, `Lazy` engines)
-    rates: dict[str, list[float]] = field(default_factory=dict)  # name -> [tokens, seconds]
-    winner: object | None = None  # once every contestant has answered a batch
-    first: dict[str, float] = field(default_factory=dict)  # name -> tokens/s on its first batch
+    rounds: int = 2
+    rates: dict[str, list[float]] = field(default_factory=dict)  # name -> [tokens, seconds, batches]
+    winner: object | None = None  # once every contestant has answered its race batches
+    race_rates: dict[str, float] = field(default_factory=dict)  # name -> tokens/s when decided
 
     def next(self):
         if self.winner is not None:
             return self.winner
-        for contestant in list(self.contestants):
-            if contestant.name in self.rates:
+        while True:
+            turn = min(self.contestants, key=lambda c: self._batches(c.name))
+            if len(self.contestants) > 1 and hasattr(turn, "ready") and not turn.ready():
+                self.contestants.remove(turn)  # the others answer
                 continue
-            if len(self.contestants) > 1 and hasattr(contestant, "ready") and not contestant.ready():
-                self.contestants.remove(contestant)  # the others answer
-                continue
-            return contestant
-        return max(self.contestants, key=lambda c: self.first.get(c.name, 0.0))
+            self._stop_all_but(turn)
+            return turn
+
+    def _batches(self, name: str) -> int:
+        return int(self.rates.get(name, (0, 0.0, 0))[2])
+
+    def _stop_all_but(self, keep) -> None:
+        for c in self.contestants:
+            if c is not keep and hasattr(c, "close"):
+                c.close()
 
     def record(self, contestant, tokens: int, seconds: float) -> None:
-        if contestant.name not in self.first:
-            self.first[contestant.name] = tokens / seconds if seconds > 0 else 0.0
-        done = self.rates.setdefault(contestant.name, [0, 0.0])
+        done = self.rates.setdefault(contestant.name, [0, 0.0, 0])
         done[0] += tokens
         done[1] += seconds
-        if self.winner is None and len(self.rates) == len(self.contestants):
-            # Decided for the rest of the run: stop the others (an idle llama-server's threads spin).
-            self.winner = self.next()
-            for c in self.contestants:
-                if c is not self.winner and hasattr(c, "close"):
-                    c.close()
+        done[2] += 1
+        if self.winner is None and all(self._batches(c.name) >= self.rounds for c in self.contestants):
+            self.race_rates = {c.name: self.tokens_per_s(c.name) for c in self.contestants}
+            self.winner = max(self.contestants, key=lambda c: self.race_rates[c.name])
+            self._stop_all_but(self.winner)
 
     def tokens_per_s(self, name: str) -> float:
-        tokens, seconds = self.rates.get(name, (0, 0.0))
+        tokens, seconds, _ = self.rates.get(name, (0, 0.0, 0))
         return tokens / seconds if seconds > 0 else 0.0
 
     def close(self) -> None:
@@ -147,8 +155,8 @@ class Race:
                 "tokens": int(t),
                 "seconds": round(s, 1),
                 "tokens_per_s": round(self.tokens_per_s(name), 1),
-                "first_batch_tokens_per_s": round(self.first.get(name, 0.0), 1),
+                "race_tokens_per_s": round(self.race_rates.get(name, 0.0), 1),
                 "won": self.winner is not None and self.winner.name == name,
             }
-            for name, (t, s) in self.rates.items()
+            for name, (t, s, _) in self.rates.items()
         }

@@ -88,6 +88,41 @@ def test_the_files_round_trip_in_the_published_layout(llama, tmp_path):
         assert torch.equal(tensor, again.state_dict()[name]), name
 
 
+@pytest.mark.parametrize("method", ["dflash", "dflash-tree"])
+def test_a_pruned_vocabulary_proposes_only_its_tokens_and_output_stays_the_targets(llama, tmp_path, method):
+    """A drafter pruned to a third of the vocabulary scores its tokens as the whole head does,
+    never proposes another, round trips with its map, and greedy output is still the target's."""
+    target, lm, root = llama
+    vocabulary = torch.arange(0, target.vocab_size, 3)
+    pruned = load_dflash(root / "dflash")
+    pruned.prune(vocabulary, lm.output_head.weight.detach().float())
+    save_dflash(pruned, tmp_path / "pruned", str(target.path))
+    data = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    assert data["draft_vocab_size"] == len(vocabulary)
+    small = load_dflash_lm(str(tmp_path / "pruned"), target)
+    assert torch.equal(small.model.target_ids(), vocabulary)
+
+    prompt = target.tokenizer("the cat sat on the mat and then the dog")["input_ids"]
+    feats = _features(target, prompt, lm.model.feature_layers)
+    rows = {}
+    for name, which in (("full", lm), ("pruned", small)):
+        step = DFlashProposer(which)
+        step.start(prompt, prompt)
+        step.take_features(0, feats[: len(prompt) - 1])
+        rows[name] = step.block_logits(prompt, 4)
+    outside = torch.ones(target.vocab_size, dtype=torch.bool)
+    outside[vocabulary] = False
+    assert torch.isinf(rows["pruned"][:, outside]).all() and (rows["pruned"][:, outside] < 0).all()
+    tol = sum_tol(reduction_length(lm.model.config), torch.float32, float(rows["full"].abs().max()))
+    torch.testing.assert_close(rows["pruned"][:, vocabulary], rows["full"][:, vocabulary], rtol=0, atol=tol)
+
+    ar = build_decoder(DecoderConfig("ar"), target).generate(prompt, 40, SamplingParams())
+    config = DecoderConfig.of(method=method, gamma=4, fixed_k=True, tree_budget=6, tree_width=3)
+    got = build_decoder(config, target, small).generate(prompt, 40, SamplingParams())
+    assert got.stats.drafted > 0
+    assert_greedy_equal(target, prompt, got.tokens, ar.tokens, method)
+
+
 @pytest.mark.parametrize("fixed_k", [True, False])
 def test_greedy_dflash_writes_what_the_target_alone_writes(llama, fixed_k):
     from draftlab.decode.cost import CostModel

@@ -78,3 +78,31 @@ def test_dflash_distill_refuses_a_block_of_one(stories, tmp_path, capsys):
     assert main(_distill(stories, tmp_path / "o", tmp_path / "w", 2, "--block-size", "1")) == 2
     err = capsys.readouterr().err
     assert "--block-size must be at least 2" in err and "Traceback" not in err
+
+
+def test_a_pruned_dflash_drafter_trains_on_its_answers_tokens_and_drafts_losslessly(
+    stories, tmp_path, capsys
+):
+    """--draft-vocab: the drafter proposes from the answers' most frequent tokens only, trains, and
+    still writes the target's greedy tokens; llama.cpp's converter reads no pruned vocabulary, so no
+    GGUF is written, with a warning that says so."""
+    out = tmp_path / "pruned"
+    argv = _distill(stories, out, tmp_path / "work", 60, "--draft-vocab", "160")
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 160 and config["vocab_size"] == 512
+    assert result.get("gguf") is None and "full-vocabulary drafters only" in captured.err.replace("\n", " ")
+    assert result["held_out"]["mean_accepted_length"] > 1.0
+
+    prompt = ["--target", str(stories), "--dtype", "float32", "Once upon a time, there was a little",
+              "--max-new-tokens", "40", "--json"]  # fmt: skip
+    assert main(["generate", "--method", "ar", *prompt]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    assert (
+        main(["generate", "--method", "dflash", "--dflash", str(out), "--fixed-k", "--gamma", "5", *prompt])
+        == 0
+    )
+    dflash = json.loads(capsys.readouterr().out)
+    assert dflash["tokens"] == ar["tokens"] and dflash["stats"]["accepted"] > 0

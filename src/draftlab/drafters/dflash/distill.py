@@ -40,6 +40,7 @@ class DFlashOptions:
     train: T.DFlashTrainConfig
     time_budget_s: float | None
     save_every: int
+    draft_vocab: int | None = None  # propose from this many tokens only (None: the whole vocabulary)
 
 
 def mask_token(tokenizer, eos: set[int]) -> int:
@@ -95,6 +96,14 @@ def distill_dflash(cfg: DistillConfig, opts: DFlashOptions) -> dict:
         with torch.random.fork_rng():
             torch.manual_seed(cfg.seed)
             draft = DFlashDraft(config)
+        if opts.draft_vocab and opts.draft_vocab < target.vocab_size:
+            # The answers' most frequent tokens, held-out sequences left out (as EAGLE-3's head picks).
+            any_source = not any(r["source"] == "prompts" for r in records)
+            prompt_of = D.prompt_keys(inputs.jobs)
+            seen = [r for r in records if not held_out(r, any_source, prompt_of)]
+            always = set(target.eos_token_ids)
+            vocabulary = F.draft_vocabulary(seen, opts.draft_vocab, always, target.vocab_size)
+            draft.prune(vocabulary, target.model.get_output_embeddings().weight.detach().float().cpu())
         start_step, optimizer_state, train_seconds = 0, None, 0.0
     draft.float()
     # float32 copies of the target's embedding and output head, frozen (the target itself stays as loaded)
@@ -188,6 +197,7 @@ def distill_dflash(cfg: DistillConfig, opts: DFlashOptions) -> dict:
             "block_size": draft.block_size,
             "taps": list(draft.taps),
             "mask_token_id": draft.mask_token_id,
+            "draft_vocab_size": len(draft.d2t) if draft.pruned else None,
         },
         "data": {
             **D.data_stats(cfg.data_dir),

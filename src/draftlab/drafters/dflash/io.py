@@ -47,6 +47,8 @@ def save_dflash(draft: DFlashDraft, folder: Path, verifier: str) -> None:
     )
     if draft.target_hidden_size != draft.config.hidden_size:
         config["target_hidden_size"] = draft.target_hidden_size
+    if not draft.pruned:
+        config.pop("draft_vocab_size", None)
     state = {name: t.detach().cpu().contiguous() for name, t in draft.state_dict().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
     write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")

@@ -47,6 +47,9 @@ class DFlashLM:
         """The drafter's own weights (the embedding and output head are the target's)."""
         return sum(p.numel() for p in self.model.parameters())
 
+    def logits(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(rows, self.output_head)
+
     def cached_model(self, use_cache: bool = True) -> BlockPasses:
         return BlockPasses(self)
 
@@ -78,7 +81,7 @@ class BlockPasses:
         out = draft(block, empty, positions, self._cache)
         self._length += len(ids)
         self.forward_calls += 1
-        return self.lm.output_head(out[0, -keep:]).float()
+        return self.lm.logits(out[0, -keep:]).float()
 
     def crop(self, length: int) -> None:
         if length < self._length:

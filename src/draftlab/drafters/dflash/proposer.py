@@ -79,7 +79,7 @@ class DFlashProposer(Proposer):
         self._waiting = self._waiting[anchor - self._cached :]
         self._cached = anchor
         self.forward_calls += 1
-        return self.draft.output_head(out[0, 1 : k + 1])
+        return self.draft.logits(out[0, 1 : k + 1])
 
     def propose(self, sequence: list[int], k: int, params: SamplingParams, sampler: Sampler) -> Proposal:
         logits = self.block_logits(sequence, k)

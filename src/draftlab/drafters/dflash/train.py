@@ -82,7 +82,16 @@ def block_loss(
     where = a[:, None] + torch.arange(b - 1)[None, :]
     valid = where < n
     labels = top[where.clamp(max=n - 1)]
-    logits = output_head(out).float()
+    if draft.pruned:
+        # Over the draft vocabulary; a label it lacks cannot be drafted and is left out of the loss.
+        t2d = torch.full((draft.config.vocab_size,), -1, dtype=torch.long)
+        t2d[draft.target_ids()] = torch.arange(len(draft.d2t))
+        labels = t2d[labels]
+        valid = valid & (labels >= 0)
+        labels = labels.clamp(min=0)
+        logits = draft.lm_head(out).float()
+    else:
+        logits = output_head(out).float()
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
     weight = torch.exp(-torch.arange(b - 1, dtype=torch.float32) / decay)[None, :] * valid
     if record.get("source") != "raw":

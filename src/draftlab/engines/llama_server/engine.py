@@ -261,6 +261,14 @@ def _cost_curve(gguf) -> dict:
     return dataclasses.asdict(machine_profile(gguf).curve)
 
 
+def _pruned(head: Path) -> bool:
+    try:
+        config = json.loads((head / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("draft_vocab_size")) and config["draft_vocab_size"] < config.get("vocab_size", 0)
+
+
 class LlamaServerEngine(EngineDefaults):
     name = NAME
     suffix = SUFFIX
@@ -348,6 +356,12 @@ class LlamaServerEngine(EngineDefaults):
         with it); a failed conversion is a warning: the head itself is done."""
         server = find_server()
         if server is None:
+            return {"gguf": None}
+        if kind == "dflash" and _pruned(head):
+            Console(stderr=True).print(
+                "[yellow]warning:[/] the DFlash drafter was not converted for llama-server: llama.cpp's "
+                "DFlash converter reads full-vocabulary drafters only (train without --draft-vocab)"
+            )
             return {"gguf": None}
         try:
             out = head / HEAD_GGUF.format(kind=kind)
