@@ -27,7 +27,7 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
         ("draft", run["draft"] or "-"),
     ]
     if extra.get("head"):
-        rows.append(("EAGLE-3 head", extra["head"]))
+        rows.append(("heads", extra["head"]))
     rows.append(("dtype", _dtype(run, extra.get("dtype_choice"), extra.get("target_storage"))))
     if extra.get("hardware"):
         rows.append(_hardware(extra["hardware"]))

@@ -4,6 +4,7 @@ method runs end to end from the CLI."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -289,5 +290,15 @@ def test_generate_and_bench_run_dflash_from_the_cli(llama, tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     dflash = [r for r in rows if r["method"] == "dflash"]
     assert dflash and all(r["params"]["dflash"] == drafter for r in dflash)
+    assert f"| heads | {drafter} (DFlash drafter) |" in (out / "report.md").read_text()
+    # Without --methods, a run given --dflash adds both DFlash methods to the default set (sized by
+    # cost, so they draft only where it pays); without it, neither.
+    from draftlab.engines import get  # noqa: PLC0415
+
+    defaults = get("hf").methods
+    assert {"dflash", "dflash-tree"} <= set(
+        defaults(argparse.Namespace(target=None, dflash=drafter)).split(",")
+    )
+    assert "dflash" not in defaults(argparse.Namespace(target=None, dflash=None)).split(",")
     assert main(["generate", "x", "--method", "dflash", *base]) == 2
     assert "pass --dflash" in capsys.readouterr().err

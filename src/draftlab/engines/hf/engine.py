@@ -8,7 +8,7 @@ import dataclasses
 from rich.console import Console
 
 from draftlab.bench.runner import Variant
-from draftlab.decode.spec import DecoderConfig, MethodSpec
+from draftlab.decode.spec import DecoderConfig, MethodSpec, method_names, method_spec
 from draftlab.engines.base import BenchRequest, EngineDefaults, EngineVariants
 from draftlab.engines.hf import methods
 from draftlab.models.cache import local_dir, packaged_problem
@@ -41,14 +41,24 @@ class HfEngine(EngineDefaults):
 
     def methods(self, args: argparse.Namespace) -> str:
         """The default set, with the EAGLE-3 methods wherever a head is at hand (the shipped one for
-        the default target, or --head)."""
+        the default target, or --head), and the methods of any other drafter given by its own
+        option (--dflash: dflash, dflash-tree), each sized by cost (k = 0 where drafting does not pay)."""
+        given = [
+            m
+            for m in method_names()
+            if (spec := method_spec(m)).head_option not in (None, "head")
+            and getattr(args, spec.head_option, None)
+            and spec.engine is None  # our loop's
+            and m not in DEFAULT_METHODS.split(",")
+        ]
+        extra = "".join("," + m for m in given)
         name = head_name(args)
         if name is None:
-            return DEFAULT_METHODS
+            return DEFAULT_METHODS + extra
         entry = ENTRIES.get(name)
         if entry is not None and entry.kind == "packaged" and packaged_problem(local_dir(entry)):
-            return DEFAULT_METHODS  # not shipped in this build
-        return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS
+            return DEFAULT_METHODS + extra  # not shipped in this build
+        return DEFAULT_METHODS + "," + DEFAULT_HEAD_METHODS + extra
 
     def load_pair(self, args, need_draft: bool, engines: list[str], plan=None):
         if self.name not in engines:
@@ -67,8 +77,12 @@ class HfEngine(EngineDefaults):
             args, request.configs, target, request.draft, request.sampling, others, compiled
         )
         extra: dict = {}
-        heads = {v.draft.spec.name for v in variants if v.config.spec.needs_head and v.draft is not None}
-        if heads:
+        heads = {
+            f"{v.draft.spec.name} ({v.config.spec.head_kind.split(' ', 1)[1]})"
+            for v in variants
+            if v.config.spec.needs_head and v.draft is not None
+        }
+        if heads:  # each named with its kind: an EAGLE-3 head, a DFlash drafter
             extra["head"] = ", ".join(sorted(heads))
         examples = None
         if request.predictable:
