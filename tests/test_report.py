@@ -107,6 +107,11 @@ def test_render_per_example_table(results: Path):
 def test_cli_report_matches_render(results: Path, tmp_path: Path, capsys):
     other = tmp_path / "again"
     shutil.copytree(FIXTURE, other)
+    # The command loads each engine's report sections first; so does this side, whatever ran before
+    # in this process (alone, the sections were missing here and the test failed).
+    from draftlab.engines import load_reports  # noqa: PLC0415
+
+    load_reports()
     expected = report.render(results, Console(quiet=True))
     assert main(["report", str(other), "--quiet"]) == 0
     assert capsys.readouterr().out == ""
