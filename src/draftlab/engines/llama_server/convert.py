@@ -35,34 +35,10 @@ def head_gguf(
     converter. `out` defaults to the model cache; `draftlab distill --head` writes it beside the head."""
     out = out or home() / "gguf" / f"{Path(head_dir).name}-{kind}-bf16.gguf"
     sources = [p for p in Path(head_dir).iterdir() if p.suffix != ".gguf"]
-    if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Console(stderr=True).print(
-        f"[dim]converting the {kind} head {head_dir} for llama-server (once): {out}[/]"
-    )
-    command = [
-        sys.executable,
-        str(converter(server)),
-        str(head_dir),
-        "--target-model-dir",
-        str(target_dir),
-        "--outtype",
-        "bf16",
-        "--outfile",
-        str(out),
-    ]
-    try:
-        done = run_child(command, CONVERT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise DraftlabError(f"llama.cpp's converter did not finish within {CONVERT_TIMEOUT_S} s") from None
-    if done.returncode != 0 or not out.is_file():
-        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        out.unlink(missing_ok=True)
-        raise DraftlabError(
-            f"llama.cpp's converter failed on {head_dir}: {lines[-1] if lines else done.returncode}"
-        )
-    return out
+    return _converted(
+        server, [str(head_dir), "--target-model-dir", str(target_dir), "--outtype", "bf16"], sources, out,
+        f"the {kind} head {head_dir}",
+    )  # fmt: skip
 
 
 def model_gguf(folder: Path, outtype: str, server: Path) -> Path:
@@ -71,29 +47,27 @@ def model_gguf(folder: Path, outtype: str, server: Path) -> Path:
     digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
     out = home() / "gguf" / f"{folder.name}-{digest}-{outtype}.gguf"
     sources = [p for p in folder.iterdir() if p.is_file()]
+    return _converted(server, [str(folder), "--outtype", outtype], sources, out, str(folder))
+
+
+def _converted(server: Path, args: list[str], sources: list[Path], out: Path, what: str) -> Path:
+    """`out`, written by llama.cpp's converter with `args` unless it is newer than every source."""
     if out.is_file() and sources and out.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    Console(stderr=True).print(f"[dim]converting {folder} for llama-server (once): {out}[/]")
-    partial = out.with_suffix(".partial")
-    command = [
-        sys.executable,
-        str(converter(server)),
-        str(folder),
-        "--outtype",
-        outtype,
-        "--outfile",
-        str(partial),
-    ]
+    Console(stderr=True).print(f"[dim]converting {what} for llama-server (once): {out}[/]")
+    partial = out.with_suffix(".partial")  # a killed conversion leaves no GGUF that looks whole
+    command = [sys.executable, str(converter(server)), *args, "--outfile", str(partial)]
     try:
         done = run_child(command, CONVERT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        partial.unlink(missing_ok=True)
         raise DraftlabError(f"llama.cpp's converter did not finish within {CONVERT_TIMEOUT_S} s") from None
     if done.returncode != 0 or not partial.is_file():
         lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         partial.unlink(missing_ok=True)
         raise DraftlabError(
-            f"llama.cpp's converter failed on {folder}: {lines[-1] if lines else done.returncode}"
+            f"llama.cpp's converter failed on {what}: {lines[-1] if lines else done.returncode}"
         )
     partial.replace(out)
     return out
