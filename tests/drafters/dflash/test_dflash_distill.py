@@ -27,6 +27,17 @@ def _distill(stories, out, work, steps, *extra):
     ]  # fmt: skip
 
 
+def _ar_and_dflash(stories, drafter, capsys) -> tuple[dict, dict]:
+    """`draftlab generate`'s records for plain decoding and for `dflash` with `drafter`, float32."""
+    prompt = ["--target", str(stories), "--dtype", "float32", "Once upon a time, there was a little",
+              "--max-new-tokens", "40", "--json"]  # fmt: skip
+    assert main(["generate", "--method", "ar", *prompt]) == 0
+    ar = json.loads(capsys.readouterr().out)
+    argv = ["generate", "--method", "dflash", "--dflash", str(drafter), "--fixed-k", "--gamma", "5", *prompt]
+    assert main(argv) == 0
+    return ar, json.loads(capsys.readouterr().out)
+
+
 def test_a_dflash_drafter_learns_resumes_and_drafts_for_its_target(stories, tmp_path, capsys):
     if not TEXT.exists():
         pytest.fail(f"{TEXT} is missing: ../shared/corpus must be beside the clone", pytrace=False)
@@ -50,15 +61,7 @@ def test_a_dflash_drafter_learns_resumes_and_drafts_for_its_target(stories, tmp_
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["trained_steps"] == STEPS and recipe["data"]["train_tokens"] > 0
 
-    prompt = ["--target", str(stories), "--dtype", "float32", "Once upon a time, there was a little",
-              "--max-new-tokens", "40", "--json"]  # fmt: skip
-    assert main(["generate", "--method", "ar", *prompt]) == 0
-    ar = json.loads(capsys.readouterr().out)
-    assert (
-        main(["generate", "--method", "dflash", "--dflash", str(out), "--fixed-k", "--gamma", "5", *prompt])
-        == 0
-    )
-    dflash = json.loads(capsys.readouterr().out)
+    ar, dflash = _ar_and_dflash(stories, out, capsys)
     assert dflash["tokens"] == ar["tokens"]
     assert dflash["stats"]["accepted"] > 0
 
@@ -96,13 +99,5 @@ def test_a_pruned_dflash_drafter_trains_on_its_answers_tokens_and_drafts_lossles
     assert result.get("gguf") is None and "full-vocabulary drafters only" in captured.err.replace("\n", " ")
     assert result["held_out"]["mean_accepted_length"] > 1.0
 
-    prompt = ["--target", str(stories), "--dtype", "float32", "Once upon a time, there was a little",
-              "--max-new-tokens", "40", "--json"]  # fmt: skip
-    assert main(["generate", "--method", "ar", *prompt]) == 0
-    ar = json.loads(capsys.readouterr().out)
-    assert (
-        main(["generate", "--method", "dflash", "--dflash", str(out), "--fixed-k", "--gamma", "5", *prompt])
-        == 0
-    )
-    dflash = json.loads(capsys.readouterr().out)
+    ar, dflash = _ar_and_dflash(stories, out, capsys)
     assert dflash["tokens"] == ar["tokens"] and dflash["stats"]["accepted"] > 0
