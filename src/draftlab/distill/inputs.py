@@ -133,7 +133,6 @@ def generate_data(
     else:
         dtype = cfg.target_dtype
     target.model.eval()
-    race = None
     with maybe_progress(not cfg.quiet) as progress:
         if more_requests:
             task = (
