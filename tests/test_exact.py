@@ -16,7 +16,7 @@ from helpers import QUIET, check_error, noisy_copy, write_suite
 from tiny import FAMILIES
 
 from draftlab.decode.build import build_decoder, warm_compiled_passes
-from draftlab.decode.cost import CostModel
+from draftlab.decode.cost import CostModel, exact_width_order
 from draftlab.decode.spec import DecoderConfig
 from draftlab.decode.timing import TickClock
 from draftlab.errors import DraftlabError
@@ -117,9 +117,15 @@ def test_the_probe_finds_the_width_each_pass_shape_needs(story_pair):
     bucket = 512
     handle = model.model.model.norm.register_forward_hook(wrong)
     try:
-        assert not exact.is_exact(cached, 1, bucket)
+        tokens = exact.probe_tokens(int(model.vocab_size), exact.PREFIX + exact.PROBE)
+        cached.start(tokens[: exact.PREFIX])
+        cached._cache = cached.compiled.new_cache(bucket)
+        cached.forward(tokens[: exact.PREFIX], keep=1)
+        one = exact.logits_in_passes(cached, tokens, exact.PREFIX, 1, 1)
+        assert not torch.equal(exact.logits_in_passes(cached, tokens, exact.PREFIX, 2, 1), one)
+        cached.crop(0)
         width = cached.exact_width(bucket)
-        assert width > 1, "unpadded passes round by their rows: pad them"
+        assert width in exact.WIDTHS, "unpadded passes round by their rows: pad them"
         assert exact.is_exact(cached, width, bucket)
         shift["by"] = "place"
         assert exact.choose_width(cached, bucket) is None
@@ -200,6 +206,52 @@ def test_bench_exact_from_the_cli_samples_plain_decodings_tokens(story_pair, tmp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["overall"]["sps"]["greedy_match_rate"] == 1.0
     assert json.loads((out / "run.json").read_text())["extra"]["exact"]
+
+
+@pytest.mark.parametrize(
+    ("ms", "order"),
+    [
+        ({1: 4.0, 2: 4.1, 4: 4.2, 8: 4.4}, (8, 4, 2)),  # flat (native bfloat16): room for long drafts
+        ({1: 10.0, 2: 10.2, 4: 10.6, 8: 11.9}, (4, 2, 8)),  # 8 rows at 1.19 steps: over the price
+        ({1: 14.7, 2: 14.2, 4: 16.9, 8: 31.0}, (2, 4, 8)),  # 4-bit, compiled, on a Zen4 (stop 60)
+        ({1: 10.0, 2: 13.0, 4: 17.0, 8: 28.0}, (2, 4, 8)),  # steep (AVX2): none within, cheapest first
+    ],
+    ids=["flat", "xeon", "zen4-q4_1", "avx2"],
+)
+def test_the_width_is_the_widest_within_the_price_of_exactness(ms, order):
+    """Every plain step pays for the width's rows: a width costing more than EXACT_PRICE times
+    plain decoding's step comes after those that do not (a synthetic profile per CPU kind)."""
+    assert exact_width_order(CostModel(flat_curve(ms)), exact.WIDTHS, 300) == order
+
+
+def test_a_narrow_width_caps_the_drafts_and_stays_exact(stories):
+    """On a steep curve exact mode pads to two rows: plain decoding pays nothing for it, each
+    round verifies one draft, and `pld` still writes `ar`'s tokens; a longer pass than the width
+    (fed directly) runs as passes of the width and scores as one-token passes do."""
+    target = _bf16(stories)  # its own compiled steps: the width is chosen once per bucket
+    ids = encode_prompt(target, STORY, chat=False)
+    steep = flat_curve({1: 10.0, 2: 10.5, 4: 17.0, 8: 28.0})
+    outs = {}
+    for method in ("ar", "pld"):
+        config = DecoderConfig.of(method=method, exact=True, pld_tokens=6)
+        decoder = build_decoder(config, target, None, CostModel(steep, clock=TickClock()))
+        warm_compiled_passes(decoder, len(ids) + 80 + 16, config)
+        outs[method] = decoder.generate(ids, 80, GREEDY)
+    assert set(decoder.target.compiled.exact_widths.values()) == {2}
+    assert decoder.gamma == 1 and decoder.sizer.k_max == 1
+    pld = outs["pld"].stats
+    assert outs["pld"].tokens == outs["ar"].tokens
+    assert pld.drafted > 0 and pld.drafted <= pld.rounds, "one draft a round at most"
+    # A pass of 5 tokens after the prompt: two passes of two and one of one, padded to two.
+    cached = decoder.target
+    cached.start(ids)
+    cached.forward(ids, keep=1)
+    calls = cached.forward_calls
+    whole = cached.forward(outs["ar"].tokens[:5])
+    assert cached.forward_calls == calls + 3
+    cached.crop(len(ids))
+    single = torch.cat([cached.forward([t]) for t in outs["ar"].tokens[:5]])
+    assert torch.equal(whole, single)
 
 
 def test_the_cost_model_prices_every_pass_at_the_padded_width():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from draftlab.decode.cost import CostModel
+from draftlab.decode.cost import CostModel, exact_width_order
 from draftlab.decode.loop import SpeculativeDecoder
 from draftlab.decode.round_sizer import RoundSizer
 from draftlab.decode.router import DtypeRouter
@@ -17,6 +17,7 @@ from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.errors import DraftlabError
 from draftlab.models.cached import cached
 from draftlab.models.compiled import MAX_PASS, PASS_SIZES
+from draftlab.models.exact import WIDTHS
 from draftlab.models.loading import LoadedModel
 from draftlab.proposers import NoProposer, Proposer
 from draftlab.verify.rules import SpeculativeRule
@@ -35,12 +36,21 @@ def compiled_passes(config: DecoderConfig) -> tuple[int, ...]:
 def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=None) -> None:
     """Get every package a compiled decoder runs over the bucket that holds `needed` ready, untimed:
     the target's, and an EAGLE head's where it drafts (its passes: one token, a tree level)."""
-    decoder.target.warm(needed, compiled_passes(config), on_pass)
     sizer = getattr(decoder, "sizer", None)
-    if config.exact and sizer is not None:
-        width = decoder.target.exact_width(decoder.target.compiled.bucket(needed))
-        # Every pass costs at least one of that width; a copy, since variants share cost models.
-        sizer.cost = dataclasses.replace(sizer.cost, min_rows=width)
+    steps = decoder.target.compiled
+    exact = config.exact and steps is not None
+    if exact and sizer is not None and steps.bucket(needed) not in steps.exact_widths:
+        # The first variant to warm a bucket chooses its width for all: they share one cost curve.
+        steps.exact_order = exact_width_order(sizer.cost, WIDTHS, needed // 2)
+    decoder.target.warm(needed, compiled_passes(config), on_pass)
+    if exact:
+        width = decoder.target.exact_width(steps.bucket(needed))
+        # No draft longer than a pass of that width verifies; a longer one would run as two passes.
+        decoder.gamma = min(decoder.gamma, width - 1)
+        if sizer is not None:
+            # Every pass costs at least one of that width; a copy, since variants share cost models.
+            sizer.cost = dataclasses.replace(sizer.cost, min_rows=width)
+            sizer.k_max = min(sizer.k_max, width - 1)
     head = getattr(getattr(decoder, "proposer", None), "draft", None)
     if getattr(head, "compiled", None) is not None:
         head.warm(needed, (1, min(config.tree_width, MAX_PASS)) if config.spec.tree else (1,))

@@ -98,3 +98,21 @@ def break_even_alpha(cost: CostModel, k: int, context: int) -> float | None:
         else:
             high = mid
     return high
+
+
+# Exact mode pads plain decoding's steps too: a width whose pass costs more than this times plain
+# decoding's step is tried only after every width within it.
+EXACT_PRICE = 1.15
+
+
+def exact_width_order(cost: CostModel, widths: tuple[int, ...], context: int) -> tuple[int, ...]:
+    """Exact mode's pass widths (models/exact.py), in the order to try them: those whose pass costs
+    at most EXACT_PRICE times plain decoding's step (a one-token pass, or one padded to two where
+    that is faster) widest first, since a wider pass leaves room for longer drafts at that price;
+    then the rest, cheapest first. On a flat curve that is the widest; on a steep one (a 4-bit
+    target on AVX2 kernels, 8 rows at 2.8 one-row passes) the narrowest."""
+    step = min(cost.target.forward_ms(1, context), cost.target.forward_ms(2, context))
+    price = {w: cost.target.forward_ms(w, context) / step for w in widths}
+    within = sorted((w for w in widths if price[w] <= EXACT_PRICE), reverse=True)
+    beyond = sorted((w for w in widths if price[w] > EXACT_PRICE), key=lambda w: (price[w], w))
+    return (*within, *beyond)

@@ -129,6 +129,9 @@ class CachedModel:
         width unless given).
         """
         start = len(self._tokens)
+        width = self._exact_width_now()
+        if width is not None and start > 0 and len(new_ids) > width and tree is None:
+            return self._in_passes_of(width, new_ids, keep, features)
         self._tokens.extend(new_ids)
         if self.use_cache:
             feed = torch.tensor([new_ids], device=self.device)
@@ -174,6 +177,25 @@ class CachedModel:
             n = len(new_ids)
             self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
         return out.logits[0, -keep:]
+
+    def _exact_width_now(self) -> int | None:
+        """Exact mode's width for the current bucket, once measured (None otherwise)."""
+        if not self.exact or self.compiled is None or self._cache is None or self._probing:
+            return None
+        return self.compiled.exact_widths.get(capacity(self._cache))
+
+    def _in_passes_of(self, width: int, new_ids: list[int], keep: int | None, features: tuple[int, ...]):
+        """A pass longer than exact mode's width, run as passes of that width: each row is then
+        scored as in plain decoding, whatever the length of the whole."""
+        logits, hidden = [], []
+        for i in range(0, len(new_ids), width):
+            logits.append(self.forward(new_ids[i : i + width], features=features))
+            if features:
+                hidden.append(self.features)
+        if features:
+            self.features = torch.cat(hidden)
+        keep = len(new_ids) if keep is None else min(keep, len(new_ids))
+        return torch.cat(logits)[-keep:]
 
     def warm(
         self,
@@ -288,7 +310,7 @@ class CachedModel:
             self._probing = True
             try:
                 self._cache = steps.new_cache(bucket)
-                steps.exact_widths[bucket] = exact.choose_width(self, bucket)
+                steps.exact_widths[bucket] = exact.choose_width(self, bucket, steps.exact_order)
             finally:
                 self._probing = False
                 self._tokens, self._cache, self._tree, self.forward_calls = saved

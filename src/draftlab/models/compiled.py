@@ -175,6 +175,8 @@ class CompiledSteps:
     # Exact mode (models/exact.py), measured per bucket (each its own package and attention length):
     # the pass width under which passes of every length score as one-token ones (None: none is).
     exact_widths: dict[int, int | None] = field(default_factory=dict)
+    # The widths to try, preferred first (decode/cost.py `exact_width_order`, from the cost curve).
+    exact_order: tuple[int, ...] = (MAX_PASS,)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -10,10 +10,13 @@ than plain decoding in bfloat16 or a 4-bit storage. Exact mode removes both caus
   decoding's one-token steps included, are padded with copies after the real tokens, which no
   real row can see, and whose slots are given back at once.
 
-Every pass is padded to MAX_PASS rows, so all run the same kernels on the same shapes; what is left
-is a row's place in the pass (row 0 in plain decoding, row i in a verification), which `choose_width`
-checks: one fixed token sequence fed in passes of every length, at contexts from short to the
-bucket's end, must give bitwise the logits of one-token passes, or exact mode is refused.
+Every pass is padded to one width, so all run the same kernels on the same shapes; a longer pass runs
+as several of that width. What is left is a row's place in the pass (row 0 in plain decoding, row i
+in a verification), which `choose_width` checks: one fixed token sequence fed in passes of every
+length up to the width, at contexts from short to the bucket's end, must give bitwise the logits of
+one-token passes, or that width is refused. Which widths are tried first is the caller's choice
+(decode/cost.py `exact_width_order`, by the machine's cost curve): a wide pass leaves room for long
+drafts, but every plain step pays for all of its rows.
 
 A chain is exact by construction once the width is: its token at position p sits in slot p, as in
 plain decoding, so its row attends over the same slots with the same bits. A token tree is not: a
@@ -27,12 +30,14 @@ from __future__ import annotations
 
 import torch
 
-from draftlab.models.compiled import MAX_PASS
+from draftlab.models.compiled import MAX_PASS, PASS_SIZES
 
-# The width: every pass as long as the longest, so that every pass runs the same kernels. Narrower
-# widths (1 = unpadded, 2, 4) let pass lengths vary, and a probe cannot prove them: unpadded eager
-# bfloat16 passes agreed at every probed context and still differed after 469 tokens in a run.
-WIDTHS = (MAX_PASS,)
+# The widths a pass may be padded to: the compiled pass sizes above one. Never unpadded: passes of
+# varying length run other kernels, and a probe cannot prove them alike (unpadded eager bfloat16
+# passes agreed at every probed context and still differed after 469 tokens in a run). Without a
+# cost curve to choose by, the widest, which leaves drafting its full room.
+WIDTHS = tuple(size for size in PASS_SIZES if size > 1)
+DEFAULT_ORDER = (MAX_PASS,)
 PREFIX = 24  # probe tokens fed as the prompt
 PROBE = 17  # probe tokens scored after it
 
@@ -66,15 +71,15 @@ def logits_in_passes(model, tokens: list[int], prefix: int, size: int, width: in
 
 
 def is_exact(model, width: int, bucket: int) -> bool:
-    """Whether passes of every length up to MAX_PASS, padded to `width`, score as one-token ones,
-    after a short and a long context in the static cache of `bucket` slots."""
+    """Whether passes of every length up to `width`, padded to it, score as one-token ones, after a
+    short and a long context in the static cache of `bucket` slots."""
     for prefix in prefixes(bucket, model.lm.context_length):
         tokens = probe_tokens(int(model.lm.vocab_size), prefix + PROBE)
         model.start(tokens[:prefix])
         model._cache = model.compiled.new_cache(bucket)
         model.forward(tokens[:prefix], keep=1)
         reference = logits_in_passes(model, tokens, prefix, 1, width)
-        for size in range(2, MAX_PASS + 1):
+        for size in range(2, width + 1):
             if not torch.equal(logits_in_passes(model, tokens, prefix, size, width), reference):
                 model.crop(0)
                 return False
@@ -82,9 +87,10 @@ def is_exact(model, width: int, bucket: int) -> bool:
     return True
 
 
-def choose_width(model, bucket: int, widths: tuple[int, ...] = WIDTHS) -> int | None:
-    """The narrowest width under which this model's passes are exact in `bucket`; None if none is."""
-    return next((w for w in widths if is_exact(model, w, bucket)), None)
+def choose_width(model, bucket: int, order: tuple[int, ...] = DEFAULT_ORDER) -> int | None:
+    """The first width of `order` under which this model's passes are exact in `bucket`; None if
+    none is."""
+    return next((w for w in order if is_exact(model, w, bucket)), None)
 
 
 def record(model) -> dict:
@@ -92,6 +98,7 @@ def record(model) -> dict:
     steps = model.compiled
     return {
         "width": {str(bucket): w for bucket, w in sorted(steps.exact_widths.items())},
+        "tried": list(steps.exact_order),  # preferred first (the cost profile's order, if any)
         "passes": "eager" if steps.eager else "compiled",
     }
 
@@ -103,5 +110,6 @@ def describe(rec: dict) -> str:
     )
     return (
         f"exact mode: {rec['passes']} passes over a static cache, {widths or 'not measured yet'} "
-        "(measured on this CPU); tree methods verify their best chain"
+        "(chosen by the cost profile where one is cached, probed exact on this CPU); drafts up to "
+        "the width less one; tree methods verify their best chain"
     )

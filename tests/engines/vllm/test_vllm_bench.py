@@ -8,22 +8,37 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny import random_dflash
 from vllm_setup import COMMON, records
 
 from draftlab.cli import main
+from draftlab.drafters.dflash.io import save_dflash
+from draftlab.models.loading import ModelSpec, load_model, resolve_path
+
+
+def _random_dflash(folder):
+    """A DFlash drafter for the default target in the published layout, drawn at random: vLLM must
+    load it and draft with it (a trained one's round trip is measured in docs/results.md)."""
+    path = resolve_path("smollm2-135m-instruct")
+    save_dflash(random_dflash(load_model(ModelSpec(path)), block_size=4), folder, path)
+    return folder
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm") / "bench"
     # Both engines in one interleaved run (our loop with a fixed k: no cost profile to measure).
-    # eagle: the EAGLE-3 head draftlab trained and ships, on our loop and as vLLM's eagle3.
+    # eagle: the EAGLE-3 head draftlab trained and ships, on our loop and as vLLM's eagle3;
+    # dflash: a DFlash drafter in the layout vLLM's method "dflash" reads.
+    drafter = _random_dflash(tmp_path_factory.mktemp("dflash"))
     argv = [
         "bench",
         "--engines",
         "hf,vllm",
         "--methods",
-        "ar,pld,sps,eagle",
+        "ar,pld,sps,eagle,dflash",
+        "--dflash",
+        str(drafter),
         "--subtasks",
         "qa,rag,summarization",
     ]
@@ -46,12 +61,16 @@ def test_greedy_pld_and_sps_write_vllms_own_ar_tokens(bench_run):
     by_label: dict[str, list[dict]] = {}
     for r in rows:
         by_label.setdefault(r["label"], []).append(r)
-    assert set(by_label) == {"ar", "pld", "sps", "eagle", "ar@vllm", "pld@vllm", "sps@vllm", "eagle@vllm"}
-    ar = {r["example_id"]: r["tokens"] for r in by_label["ar@vllm"]}
-    for label in ("pld@vllm", "sps@vllm", "eagle@vllm"):
-        for r in by_label[label]:
-            assert r["tokens"] == ar[r["example_id"]], (label, r["example_id"])
-            assert r["greedy_match"] is True
+    ours = ["ar", "pld", "sps", "eagle", "dflash"]
+    assert set(by_label) == {*ours, *(f"{m}@vllm" for m in ours)}
+    for engine in ("", "@vllm"):
+        ar = {r["example_id"]: r["tokens"] for r in by_label[f"ar{engine}"]}
+        for method in ours[1:]:
+            for r in by_label[method + engine]:
+                assert r["tokens"] == ar[r["example_id"]], (method + engine, r["example_id"])
+                assert r["greedy_match"] is True
+    # vLLM loaded our drafter's files and drafted blocks with it (at random: none accepted).
+    assert sum(r["drafted"] for r in by_label["dflash@vllm"]) > 0
     assert all(len(r["tokens"]) > 0 for r in rows)
 
 
