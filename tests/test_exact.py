@@ -205,6 +205,10 @@ def test_bench_exact_from_the_cli_samples_plain_decodings_tokens(story_pair, tmp
     assert accepted > 0, "sps drafts must be kept, or the equality says nothing"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["overall"]["sps"]["greedy_match_rate"] == 1.0
+    # The width was chosen from the cost profile (every width in its order), for `ar` too, which
+    # carries no cost model of its own but shares the sized methods' passes.
+    widths = json.loads((out / "run.json").read_text())["extra"]["exact"]
+    assert sorted(widths["ar"]["tried"]) == sorted(widths["sps"]["tried"]) == sorted(exact.WIDTHS)
     assert json.loads((out / "run.json").read_text())["extra"]["exact"]
 
 

@@ -309,6 +309,9 @@ def warm_compiled(
         if getattr(target, "compiled", None) is None:
             continue
         plan.append((variant, plan_need(variant.target, examples, max_new_tokens, chat)))
+    # Exact mode's width is chosen once per package, by the first variant warmed with a cost model
+    # (decode/build.py); plain `ar` carries none, so the sized methods go first.
+    plan.sort(key=lambda item: getattr(item[0].decoder, "sizer", None) is None)
     total = sum(len(compiled_passes(v.config)) for v, _ in plan)
     if not total:
         return
