@@ -141,8 +141,9 @@ def hf_variants(
         second = second_of(config)
         params = variant_params(args, config)
         # The cost model prices every method for the budget; plain `ar` takes none (with one it
-        # would carry a sizer: see ROUTED_AR below).
-        cost, routes = priced(second) if adaptive and m != "ar" else (None, [])
+        # would carry a sizer: see ROUTED_AR below), except in exact mode, which chooses its pass
+        # width from it (no routing there, and a sizer of plain decoding never drafts).
+        cost, routes = priced(second) if adaptive and (m != "ar" or args.exact) else (None, [])
         routes = routes if config.adaptive else []
         if routes:
             params["dtypes"] = [target.spec.dtype, *(o.spec.dtype for o, _ in routes)]
@@ -166,7 +167,8 @@ def hf_variants(
             config = dataclasses.replace(config, compile=True)
             second = second_of(config)
             priced_with = second if config.needs_draft else None
-            cost = cost_model(args.fixed_k, target, priced_with, compiled=True) if config.adaptive else None
+            sized = config.adaptive or (args.exact and m == "ar")
+            cost = cost_model(args.fixed_k, target, priced_with, compiled=True) if sized else None
             params = variant_params(args, config)
             variants.append(Variant(f"{m} compiled", config, target, second, sampling, params, cost))
     if args.exact:
