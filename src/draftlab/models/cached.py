@@ -159,8 +159,8 @@ class CachedModel:
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         if self.compiled is not None:
-            if pad_to is None and self.exact:
-                pad_to = self.compiled.exact_widths.get(capacity(self._cache))  # None while warming
+            if pad_to is None:
+                pad_to = width  # exact mode's, looked up above (None while warming or probing)
             ran = self.compiled.run_s
             out = self._static_forward(feed, kwargs, pad_to)
             if self.compiled.run_s > ran and not cuda:  # a package ran: only its runner's time is the pass
