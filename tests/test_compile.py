@@ -34,6 +34,7 @@ from draftlab.models.compiled import (
     compiled_steps,
     package_path,
     static_length,
+    window,
 )
 from draftlab.models.cost_curve import CostCurve, Profile, verify_slope
 from draftlab.models.loading import ModelSpec, load_model
@@ -104,6 +105,37 @@ def test_compiled_steps_give_eager_logits(story_model):
     # After the rollback, the cache holds exactly the real tokens: the next step agrees too.
     a, b = eager.forward([9]), compiled.forward([9])
     torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+
+
+def test_a_compiled_pass_attends_over_its_window_of_the_bucket(story_model):
+    """A pass reads the bucket's slots up to the last it fills, rounded up to 64: slots past that
+    window are never read (poisoned with NaN, the pass is still exact), while a pass over the whole
+    bucket (exact mode's) reads them all."""
+    assert [window(0, 1, 512), window(63, 1, 512), window(64, 1, 512), window(500, 8, 512)] == [
+        64,
+        64,
+        128,
+        512,
+    ]
+    ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
+    eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
+    steps = compiled_steps(story_model)
+    assert steps.windowed, "a Llama's sdpa attention takes the window"
+    for cm in (eager, compiled):
+        cm.start(ids)
+        cm.forward(ids)
+    length = compiled.length
+    span = window(length, 3, capacity(compiled._cache))
+    assert span < capacity(compiled._cache)
+    with torch.inference_mode():  # the cache's tensors are inference tensors
+        for layer in compiled._cache.layers:
+            layer.values[:, :, span:] = float("nan")
+    a, b = eager.forward([5, 7, 9]), compiled.forward([5, 7, 9])
+    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    compiled.crop(length)
+    with torch.inference_mode():
+        whole = steps(compiled._cache, torch.tensor([[5, 7, 9]]), whole=True)
+    assert torch.isnan(whole.logits).all(), "the whole bucket's pass reads the poisoned slots"
 
 
 def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
