@@ -101,7 +101,7 @@ class LoadedModel:
 
         `compiled`: the target's passes through its compiled package (models/compiled.py), a curve of its own."""
         return {
-            **({"compiled": True} if compiled else {}),
+            **({"compiled": COMPILED_PASSES} if compiled else {}),
             "model": self.spec.name,
             # What the cost depends on, not where the files are: a moved DRAFTLAB_HOME keeps its profiles.
             "shape": shape_key(self.path),
@@ -116,6 +116,11 @@ class LoadedModel:
             "transformers": transformers.__version__,
             "schema": PROFILE_SCHEMA,
         }
+
+
+# The version of the compiled passes (models/compiled.py), in their profiles' fingerprints: a curve
+# measured before they changed prices passes that no longer run. 2: attention over a window.
+COMPILED_PASSES = 2
 
 
 def compute_dtype(dtype: str) -> str:

@@ -41,8 +41,8 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
 
 
 # Contexts of a compiled profile, measured in the one package of the model that later runs use
-# (`measure`'s bucket_need). Its graphs attend over the whole bucket, so within a bucket the cost
-# hardly moves with the context; past 256 the curve extends the line through the two points.
+# (`measure`'s bucket_need). Its passes attend over a window of the bucket that grows with the
+# context (models/compiled.py `window`); past 256 the curve extends the line through the two points.
 COMPILED_CONTEXTS = (64, 256)
 
 
