@@ -139,6 +139,35 @@ def test_a_compiled_pass_attends_over_its_window_of_the_bucket(stories):
     assert torch.isnan(whole.logits).all(), "the whole bucket's pass reads the poisoned slots"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_window_attention_gives_each_query_row_its_own_output(dtype):
+    """In half precision an odd pass attends with its last row twice (torch's CPU flash attention is
+    slow on odd rows there); each real row still gets its own output, whatever the pass's length."""
+    from types import SimpleNamespace
+
+    from draftlab.models.compiled import window_attention
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3)
+    keys, values = torch.randn(1, 3, 128, 16, dtype=dtype), torch.randn(1, 3, 128, 16, dtype=dtype)
+    for rows in (1, 2, 3, 5):
+        query = torch.randn(1, 9, rows, 16, dtype=dtype)
+        mask = torch.zeros(1, 1, rows, 128, dtype=dtype)
+        mask[..., 40 + torch.arange(rows)[:, None] < torch.arange(128)] = torch.finfo(dtype).min
+        out, _ = window_attention(module, query, keys, values, mask, scaling=0.25, slots=64)
+        assert out.shape == (1, rows, 9, 16)
+        for row in range(rows):  # alone, over the same 64 slots
+            want = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, row : row + 1].float(),
+                keys[:, :, :64].float().repeat_interleave(3, 1),
+                values[:, :, :64].float().repeat_interleave(3, 1),
+                attn_mask=mask[:, :, row : row + 1, :64].float(),
+                scale=0.25,
+            )
+            tol = 4 * torch.finfo(dtype).eps * float(values.abs().max())
+            torch.testing.assert_close(out[:, row].float(), want[:, :, 0], atol=tol, rtol=0)
+
+
 def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
     ids = encode_prompt(story_model, "Once upon a time, there was a little girl named Lily.", chat=False)
     plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 120, GREEDY)

@@ -85,8 +85,8 @@ PAD_GAIN = 0.9
 # bucket, whose passes attend over twice the cache of the 1024 that holds its answer.)
 RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
-# (WINDOW).
-PACKAGE_SCHEMA = 3
+# (WINDOW). 4: half-precision attention over an even number of query rows (EVEN_ROW_DTYPES).
+PACKAGE_SCHEMA = 4
 # A pass's attention spans the bucket's first slots up to the last one it fills, rounded up to a
 # multiple of WINDOW_GRAIN, not the whole bucket, and reads grouped keys and values without copying
 # them out per query head. On a 2-core AMD Zen4 (avx512_bf16) the default target's `q4_1` package
@@ -95,6 +95,11 @@ PACKAGE_SCHEMA = 3
 # Exact mode keeps the whole bucket (models/exact.py: its passes' attention must span the same slots).
 WINDOW = "draftlab_window"
 WINDOW_GRAIN = 64
+# torch's CPU flash attention in bfloat16 (and float16) is slow on an odd number of query rows: on a
+# 2-core AMD Zen4, one row over 1024 slots (the default target's 9 query and 3 key heads) took
+# 614 µs, two 207, three 266, four 199 (1063 / 347 / 431 / 337 with torch's AVX2 kernels); float32
+# took 75 µs for one row. Passes there attend with an even number of rows.
+EVEN_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def window_attention(
@@ -107,6 +112,13 @@ def window_attention(
         attention_mask = attention_mask[..., :slots] if attention_mask is not None else None
     if any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks")):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    rows = query.shape[2]
+    even = query.dtype in EVEN_ROW_DTYPES and attention_mask is not None
+    if even:
+        # An odd pass attends with its last query row twice. Rows are picked by index, not sliced:
+        # export cannot prove the bounds of a slice whose length depends on the row count's parity.
+        picked = torch.arange(2 * ((rows + 1) // 2), device=query.device).clamp(max=rows - 1)
+        query, attention_mask = query.index_select(2, picked), attention_mask.index_select(2, picked)
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -116,6 +128,8 @@ def window_attention(
         scale=scaling,
         enable_gqa=getattr(module, "num_key_value_groups", 1) > 1,
     )
+    if even:
+        out = out.index_select(2, torch.arange(rows, device=out.device))
     return out.transpose(1, 2).contiguous(), None
 
 

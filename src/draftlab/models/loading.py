@@ -119,8 +119,9 @@ class LoadedModel:
 
 
 # The version of the compiled passes (models/compiled.py), in their profiles' fingerprints: a curve
-# measured before they changed prices passes that no longer run. 2: attention over a window.
-COMPILED_PASSES = 2
+# measured before they changed prices passes that no longer run. 2: attention over a window. 3: in
+# half precision, over an even number of query rows.
+COMPILED_PASSES = 3
 
 
 def compute_dtype(dtype: str) -> str:
