@@ -145,7 +145,7 @@ def test_window_attention_gives_each_query_row_its_own_output(dtype):
     slow on odd rows there); each real row still gets its own output, whatever the pass's length."""
     from types import SimpleNamespace
 
-    from draftlab.models.compiled import window_attention
+    from draftlab.models.attention import window_attention
 
     torch.manual_seed(0)
     module = SimpleNamespace(num_key_value_groups=3)
@@ -272,6 +272,16 @@ def test_the_compiled_head_gives_the_eager_heads_logits_over_chains_and_trees(st
     for head in (eager, compiled):
         head.crop(len(ids) + 1)
     a, b = eager.forward([8]), compiled.forward([8])  # a drafted token reads its parent's output
+    torch.testing.assert_close(b[finite[:1]], a[finite[:1]], atol=tol, rtol=0)
+    # A pass reads its window of the bucket only: the slots past it poisoned with NaN, it still agrees.
+    for head in (eager, compiled):
+        head.crop(len(ids) + 1)
+    cache = compiled._cache
+    span = window(int(cache.length), 1, cache.capacity)
+    assert span < cache.capacity
+    with torch.inference_mode():
+        cache.values[:, :, span:] = float("nan")
+    a, b = eager.forward([8]), compiled.forward([8])
     torch.testing.assert_close(b[finite[:1]], a[finite[:1]], atol=tol, rtol=0)
 
 

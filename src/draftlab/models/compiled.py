@@ -30,12 +30,11 @@ from types import SimpleNamespace
 import torch
 from filelock import FileLock
 from torch.utils import _pytree as pytree
-from transformers import AttentionInterface, StaticCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
+from draftlab.models.attention import attending_in_windows, window, windows
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel
 from draftlab.quiet import quiet_stderr
@@ -85,79 +84,8 @@ PAD_GAIN = 0.9
 # bucket, whose passes attend over twice the cache of the 1024 that holds its answer.)
 RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
-# (WINDOW). 4: half-precision attention over an even number of query rows (EVEN_ROW_DTYPES).
+# (models/attention.py). 4: half-precision attention over an even number of query rows.
 PACKAGE_SCHEMA = 4
-# A pass's attention spans the bucket's first slots up to the last one it fills, rounded up to a
-# multiple of WINDOW_GRAIN, not the whole bucket, and reads grouped keys and values without copying
-# them out per query head. On a 2-core AMD Zen4 (avx512_bf16) the default target's `q4_1` package
-# took 8.1 ms for a one-token pass in a 512-slot bucket, against 25.4 ms (14.8 padded to two) over
-# the whole bucket through transformers' sdpa path; plain decoding 9.9 against 16.0 ms a token.
-# Exact mode keeps the whole bucket (models/exact.py: its passes' attention must span the same slots).
-WINDOW = "draftlab_window"
-WINDOW_GRAIN = 64
-# torch's CPU flash attention in bfloat16 (and float16) is slow on an odd number of query rows: on a
-# 2-core AMD Zen4, one row over 1024 slots (the default target's 9 query and 3 key heads) took
-# 614 µs, two 207, three 266, four 199 (1063 / 347 / 431 / 337 with torch's AVX2 kernels); float32
-# took 75 µs for one row. Passes there attend with an even number of rows.
-EVEN_ROW_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def window_attention(
-    module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs
-):
-    """transformers' sdpa attention over the cache's first `slots` slots (all where None). Grouped
-    keys and values are read as they are (`enable_gqa`), not copied out per query head."""
-    if slots is not None:
-        key, value = key[:, :, :slots], value[:, :, :slots]
-        attention_mask = attention_mask[..., :slots] if attention_mask is not None else None
-    if any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks")):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    rows = query.shape[2]
-    even = query.dtype in EVEN_ROW_DTYPES and attention_mask is not None
-    if even:
-        # An odd pass attends with its last query row twice. Rows are picked by index, not sliced:
-        # export cannot prove the bounds of a slice whose length depends on the row count's parity.
-        picked = torch.arange(2 * ((rows + 1) // 2), device=query.device).clamp(max=rows - 1)
-        query, attention_mask = query.index_select(2, picked), attention_mask.index_select(2, picked)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=getattr(module, "num_key_value_groups", 1) > 1,
-    )
-    if even:
-        out = out.index_select(2, torch.arange(rows, device=out.device))
-    return out.transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(WINDOW, window_attention)
-AttentionMaskInterface.register(WINDOW, sdpa_mask)
-
-
-def windows(model: torch.nn.Module) -> bool:
-    """Whether the model's packages attend over a window: its attention is transformers' sdpa,
-    reached through the attention interface (which lets `window_attention` stand in for it)."""
-    return bool(getattr(model, "_supports_attention_backend", False)) and (
-        model.config._attn_implementation == "sdpa"
-    )
-
-
-@contextlib.contextmanager
-def attending_in_windows(model: torch.nn.Module):
-    """The model's attention as `window_attention` while an export traces it."""
-    model.set_attn_implementation(WINDOW)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation("sdpa")
-
-
-def window(past: int, n: int, length: int) -> int:
-    """The slots a pass of n tokens after `past` attends over, in a bucket of `length`."""
-    return min(length, -(-(past + n) // WINDOW_GRAIN) * WINDOW_GRAIN)
 
 
 def static_length(needed: int, limit: int | None = None) -> int:

@@ -4,7 +4,8 @@ Eagerly, a head pass of one token cost 2.6 ms on an AMD Zen5 in float32, a sixth
 target's step, and mostly launch overhead: its weights are 40 MB. The pass from token embeddings
 and features to the pre-norm output and the draft-vocabulary logits is exported once per cache
 bucket, with the pass length dynamic (1 to MAX_PASS tokens: a tree level or a catch-up), its
-positions and an additive mask over the whole bucket as inputs (chains and tree levels alike), and
+positions and an additive mask over the whole bucket as inputs (chains and tree levels alike; the
+pass attends over the window of the bucket up to the last slot it fills, also an input), and
 compiled as the target's passes are (models/compiled.py); longer passes (a prompt's catch-up) run
 the same module eagerly over the same cache.
 """
@@ -20,6 +21,7 @@ from torch import nn
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
+from draftlab.models.attention import window
 from draftlab.models.compiled import (
     EXAMPLE_PASS,
     FIRST_BUCKET,
@@ -35,7 +37,9 @@ from draftlab.models.compiled import (
     write_package,
 )
 
-HEAD_PACKAGE_SCHEMA = 1
+# 2: the pass attends over a window of the bucket, in half precision over an even number of rows
+# (models/attention.py), as the target's passes do.
+HEAD_PACKAGE_SCHEMA = 2
 
 
 class HeadStep(nn.Module):
@@ -47,17 +51,22 @@ class HeadStep(nn.Module):
         super().__init__()
         self.head = head
 
-    def forward(self, ids, features, positions, mask, length, keys, values):
+    def forward(self, ids, features, positions, mask, length, keys, values, window=None):
         head = self.head
         layer = head.layer
         embeds = head.embed_tokens(ids).to(features.dtype)
         cos, sin = head.rope(features, positions)
         q, k, v, residual = layer.project(embeds, features, cos, sin)
-        slots = torch.arange(ids.shape[1], device=ids.device) + length
-        keys.index_copy_(2, slots, k)
-        values.index_copy_(2, slots, v)
+        filled = torch.arange(ids.shape[1], device=ids.device) + length
+        keys.index_copy_(2, filled, k)
+        values.index_copy_(2, filled, v)
         length.add_(ids.shape[1])
-        out = layer.finish(q, keys, values, mask, residual)[0]
+        slots = None
+        if window is not None:  # read inside the pass, as the target's (models/compiled.py)
+            slots = window.item()
+            torch._check(slots >= 1)
+            torch._check(slots <= keys.shape[2])
+        out = layer.finish(q, keys, values, mask, residual, slots=slots)[0]
         return out, head.logits(out)
 
 
@@ -121,9 +130,11 @@ class CompiledHead:
 
     def __call__(self, cache: HeadCache, *args) -> tuple[torch.Tensor, torch.Tensor]:
         """(output, draft logits) of a pass: through the package up to MAX_PASS tokens, else eagerly."""
-        if args[0].shape[1] > MAX_PASS:
+        n = args[0].shape[1]
+        if n > MAX_PASS:
             return HeadStep(self.head)(*args, cache.length, cache.keys, cache.values)
-        out = self.runner(cache)(*args, cache.length, cache.keys, cache.values)
+        span = torch.tensor(window(int(cache.length), n, cache.capacity))
+        out = self.runner(cache)(*args, cache.length, cache.keys, cache.values, span)
         self.calls += 1
         return out[0], out[1]
 
@@ -163,6 +174,7 @@ class CompiledHead:
                 torch.zeros((), dtype=torch.long, device=device),
                 cache.keys.clone(),
                 cache.values.clone(),
+                torch.tensor(window(0, n, cache.capacity)),
             )
             tokens = torch.export.Dim("tokens", min=1, max=MAX_PASS)
             shapes = {
@@ -173,6 +185,7 @@ class CompiledHead:
                 "length": None,
                 "keys": None,
                 "values": None,
+                "window": None,
             }
             try:
                 program = torch.export.export(HeadStep(head), example, dynamic_shapes=shapes, strict=False)

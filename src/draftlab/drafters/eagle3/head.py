@@ -23,6 +23,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from draftlab.models.attention import attend
+
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     """The target layers EAGLE-3 reads, as vLLM and speculators default them: the inputs of layers
@@ -67,11 +69,17 @@ class Eagle3Layer(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q, k, v, residual
 
-    def finish(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, residual: torch.Tensor):
-        """Attention of q over (k, v) under `mask` (bool: True attends, or additive), then the MLP."""
-        out = nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
-        )
+    def finish(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, residual: torch.Tensor, slots=None
+    ):
+        """Attention of q over (k, v) under `mask` (bool: True attends, or additive), then the MLP.
+        `slots`: a compiled pass's window, the cache's first slots it attends over (models/compiled.py)."""
+        if slots is None:
+            out = nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
+            )
+        else:
+            out = attend(q, k, v, mask, slots, gqa=self.heads != self.kv_heads)
         b, _, t, _ = out.shape
         hidden = residual + self.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
