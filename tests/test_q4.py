@@ -174,3 +174,13 @@ def test_the_default_targets_own_blocks_are_its_checkpoint():
     assert lm.storage == q4.OWN
     # Its own blocks make the 4-bit storage a candidate of --dtype auto on a CPU.
     assert "q4_1" in candidate_dtypes("smollm2-135m-instruct", "cpu")
+
+
+@pytest.mark.parametrize("native, want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_prompts_run_a_copy_in_bfloat16_only_where_it_is_native(monkeypatch, native, want):
+    """Emulated bfloat16 (an AVX2-only CPU) made a 4-bit target's prompts cost more than its
+    cheaper steps saved: there the long passes' copy is float32."""
+    from draftlab import hardware
+
+    monkeypatch.setattr(hardware, "native_bf16", lambda: native)
+    assert q4.dense_dtype.__wrapped__() == want

@@ -107,7 +107,7 @@ class LoadedModel:
             "shape": shape_key(self.path),
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
-            **({"storage": self.storage} if self.storage else {}),
+            **({"storage": self.storage, "prompts": str(q4.dense_dtype())} if self.storage else {}),
             "attn_implementation": self.model.config._attn_implementation,
             "hardware": hardware(self.device),
             "threads": torch.get_num_threads(),

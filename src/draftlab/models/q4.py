@@ -98,12 +98,23 @@ def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
     return (u + 4 * torch.finfo(torch.float32).eps) * (31 * d + 2 * m)
 
 
+@functools.cache
+def dense_dtype() -> torch.dtype:
+    """The dtype of the copy long passes (prompts) run: bfloat16 where the CPU computes in it
+    natively, else float32. On a Zen4 under AVX2 kernel ceilings plain decoding of a 256-token
+    prompt and 64 tokens was predicted at 2.44 s with a bfloat16 copy, against 1.77 s for the whole
+    model in float32: the emulated bfloat16 prompt outweighed the cheaper 4-bit steps (stop 62)."""
+    from draftlab.hardware import native_bf16  # noqa: PLC0415
+
+    return torch.bfloat16 if native_bf16() else torch.float32
+
+
 class Q4Linear(nn.Module):
     """A bias-free linear layer over packed Q4_1 codes; computes in bfloat16.
 
     Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run
     torch's int4 kernel over the packed codes, reading a quarter of bfloat16's bytes. Longer ones
-    (prompts) run a bfloat16 copy of the same values made once at load: the int4 kernel's time grows
+    (prompts) run a copy of the same values made once at load (`dense_dtype`): the int4 kernel's time grows
     with the rows (a 256-token prompt of the default target took 460 ms through it, 127 ms in
     bfloat16), while a long pass is bound by arithmetic, not bytes. The copy is a plain attribute,
     not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read it."""
@@ -119,7 +130,7 @@ class Q4Linear(nn.Module):
         # [K/32, N, 2]: scale and zero per group and output row, the kernel's layout.
         sz = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16))
-        self.dense = blocks.dequantize().to(torch.bfloat16)
+        self.dense = blocks.dequantize().to(dense_dtype())
 
     def step_bytes(self) -> int:
         """What a decoding step reads of this layer: the packed codes and their scales."""
@@ -129,7 +140,7 @@ class Q4Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         if rows.shape[0] > DENSE_ROWS:
-            out = nn.functional.linear(rows, self.dense)
+            out = nn.functional.linear(rows.to(self.dense.dtype), self.dense).to(torch.bfloat16)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
         return out.reshape(*shape[:-1], self.out_features)
