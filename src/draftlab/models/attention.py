@@ -30,21 +30,11 @@ def window_attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs
 ):
     """transformers' sdpa attention over the cache's first `slots` slots (all where None)."""
+    key, value, attention_mask = in_window(key, value, attention_mask, slots)
     if any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks")):
-        if slots is not None:
-            key, value = key[:, :, :slots], value[:, :, :slots]
-            attention_mask = attention_mask[..., :slots] if attention_mask is not None else None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    out = attend(
-        query,
-        key,
-        value,
-        attention_mask,
-        slots,
-        gqa=getattr(module, "num_key_value_groups", 1) > 1,
-        scale=scaling,
-        dropout=dropout,
-    )
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    out = attend(query, key, value, attention_mask, gqa=gqa, scale=scaling, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -53,9 +43,7 @@ def attend(query, key, value, mask, slots=None, gqa: bool = False, scale=None, d
     None) under an additive or boolean `mask`. Grouped keys and values are read as they are
     (`gqa`), not copied out per query head; in half precision the query has an even number of rows
     (EVEN_ROW_DTYPES)."""
-    if slots is not None:
-        key, value = key[:, :, :slots], value[:, :, :slots]
-        mask = mask[..., :slots] if mask is not None else None
+    key, value, mask = in_window(key, value, mask, slots)
     rows = query.shape[2]
     even = query.dtype in EVEN_ROW_DTYPES and mask is not None
     if even:
@@ -69,6 +57,25 @@ def attend(query, key, value, mask, slots=None, gqa: bool = False, scale=None, d
     if even:
         out = out.index_select(2, torch.arange(rows, device=out.device))
     return out
+
+
+def in_window(key, value, mask, slots):
+    """Keys, values and mask cut to the first `slots` slots (as they are where None)."""
+    if slots is None:
+        return key, value, mask
+    return key[:, :, :slots], value[:, :, :slots], mask[..., :slots] if mask is not None else None
+
+
+def read_window(window: torch.Tensor | None, length: int) -> int | None:
+    """A pass's window length, read inside an exported pass from its tensor input (bounded so that
+    export can reason about the slices): an input dimension for it would have export guard on
+    whether a key window is the whole bucket (a contiguity check)."""
+    if window is None:
+        return None
+    slots = window.item()
+    torch._check(slots >= 1)
+    torch._check(slots <= length)
+    return slots
 
 
 AttentionInterface.register(WINDOW, window_attention)

@@ -34,7 +34,7 @@ from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
-from draftlab.models.attention import attending_in_windows, window, windows
+from draftlab.models.attention import attending_in_windows, read_window, window, windows
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel
 from draftlab.quiet import quiet_stderr
@@ -119,14 +119,8 @@ class StaticStep(torch.nn.Module):
             layer.batch_size, layer.num_heads = k.shape[:2]
             layer.k_head_dim, layer.v_head_dim = k.shape[-1], v.shape[-1]
             layer.is_initialized = True
-        # The window's length is a tensor read inside the pass: an input dimension for it would
-        # have export guard on whether a key window is the whole bucket (a contiguity check).
-        extra = {}
-        if window is not None:
-            slots = window.item()
-            torch._check(slots >= 1)
-            torch._check(slots <= self.length)
-            extra["slots"] = slots
+        slots = read_window(window, self.length)
+        extra = {} if slots is None else {"slots": slots}
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,

@@ -21,7 +21,7 @@ from torch import nn
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
-from draftlab.models.attention import window
+from draftlab.models.attention import read_window, window
 from draftlab.models.compiled import (
     EXAMPLE_PASS,
     FIRST_BUCKET,
@@ -61,12 +61,7 @@ class HeadStep(nn.Module):
         keys.index_copy_(2, filled, k)
         values.index_copy_(2, filled, v)
         length.add_(ids.shape[1])
-        slots = None
-        if window is not None:  # read inside the pass, as the target's (models/compiled.py)
-            slots = window.item()
-            torch._check(slots >= 1)
-            torch._check(slots <= keys.shape[2])
-        out = layer.finish(q, keys, values, mask, residual, slots=slots)[0]
+        out = layer.finish(q, keys, values, mask, residual, slots=read_window(window, keys.shape[2]))[0]
         return out, head.logits(out)
 
 

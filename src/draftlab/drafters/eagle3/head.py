@@ -73,13 +73,8 @@ class Eagle3Layer(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, residual: torch.Tensor, slots=None
     ):
         """Attention of q over (k, v) under `mask` (bool: True attends, or additive), then the MLP.
-        `slots`: a compiled pass's window, the cache's first slots it attends over (models/compiled.py)."""
-        if slots is None:
-            out = nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads
-            )
-        else:
-            out = attend(q, k, v, mask, slots, gqa=self.heads != self.kv_heads)
+        `slots`: a compiled pass's window, the cache's first slots it attends over (models/attention.py)."""
+        out = attend(q, k, v, mask, slots, gqa=self.heads != self.kv_heads)
         b, _, t, _ = out.shape
         hidden = residual + self.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
