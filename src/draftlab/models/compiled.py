@@ -52,11 +52,11 @@ INDUCTOR_CONFIGS = {
 # templates made the decode step slower (22.0-23.0 ms against 18.4-19.3, docs/results.md) and the
 # build twice as long (1 min 57 s against 59 s).
 HALF_INDUCTOR_CONFIGS = {"freezing": True}
-# 4-bit layers need max-autotune: it picks inductor's WOQ int4 GEMM template (an AMX micro-kernel on
-# a Xeon) over aten's int4 kernel. 30 layers of the default target's 4-bit matrices took 4.9 / 5.8 /
-# 8.2 / 9.7 ms for passes of 1 / 2 / 4 / 8 tokens with it, 10.2 / 12.5 / 13.0 / 22.8 ms with
-# freezing alone (Sapphire Rapids, 2 cores).
-AUTOTUNED_DTYPES = ("float32", "q4_1")
+# 4-bit layers call draftlab's own kernel (models/kernels), so a 4-bit package's only GEMM left is the
+# bfloat16 output head: freezing alone, as in bfloat16. (Before that kernel, max-autotune picked
+# inductor's WOQ int4 template over aten's int4 kernel: 4.9 / 9.7 ms against 10.2 / 22.8 ms for 30
+# layers' passes of 1 / 8 tokens on a Sapphire Rapids.)
+AUTOTUNED_DTYPES = ("float32",)
 
 
 def inductor_configs(dtype: str) -> dict:
@@ -84,8 +84,9 @@ PAD_GAIN = 0.9
 # bucket, whose passes attend over twice the cache of the 1024 that holds its answer.)
 RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
-# (models/attention.py). 4: half-precision attention over an even number of query rows.
-PACKAGE_SCHEMA = 4
+# (models/attention.py). 4: half-precision attention over an even number of query rows. 5: 4-bit
+# layers through draftlab's integer kernel.
+PACKAGE_SCHEMA = 5
 
 
 def static_length(needed: int, limit: int | None = None) -> int:

@@ -24,7 +24,7 @@ from transformers import (
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env, supported_dtypes
-from draftlab.models import q4, registry
+from draftlab.models import kernels, q4, registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # 4-bit storages and the dtype they compute in (models/q4.py): the target's linear layers from Q4_1
@@ -107,7 +107,11 @@ class LoadedModel:
             "shape": shape_key(self.path),
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
-            **({"storage": self.storage, "prompts": str(q4.dense_dtype())} if self.storage else {}),
+            **(
+                {"storage": self.storage, "prompts": str(q4.dense_dtype()), "kernel": kernels.isa()}
+                if self.storage
+                else {}
+            ),
             "attn_implementation": self.model.config._attn_implementation,
             "hardware": hardware(self.device),
             "threads": torch.get_num_threads(),
@@ -208,7 +212,7 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     if spec.dtype in STORAGES and spec.device != "cpu":
         raise DraftlabError(
-            f"dtype {spec.dtype} runs on the CPU (torch's int4 kernel), not on '{spec.device}'"
+            f"dtype {spec.dtype} runs on the CPU (draftlab's 4-bit kernel), not on '{spec.device}'"
         )
     # A 4-bit storage is quantized from the checkpoint's own precision (float32 at most), then the
     # rest of the model computes in the storage's dtype.

@@ -1,14 +1,15 @@
-"""The target's linear layers run from 4-bit Q4_1 blocks, as llama.cpp stores them, through torch's CPU
-int4 kernel: the default target's GGUF holds them, so this is the target itself in a quarter of the bytes
-of bfloat16, not a quantized variant of it.
+"""The target's linear layers run from 4-bit Q4_1 blocks, as llama.cpp stores them and as llama.cpp
+computes them: the default target's GGUF holds them, so this is the target itself in a quarter of the
+bytes of bfloat16, not a quantized variant of it.
 
 Q4_1 (ggml): blocks of 32 weights along the input dimension, each a float16 scale `d`, a float16 minimum
 `m` and 16 bytes of 4-bit codes `q`, low nibbles first; a weight is `q·d + m`.
 
-torch's kernel (`_weight_int4pack_mm_for_cpu`) computes `(q - 8)·s + z` per group of 32, with the
-activations' dtype for `s` and `z`; only its bfloat16 path is fast (float32 activations take ~20× as long), so the
-layers compute in bfloat16 with `s = d` and `z = m + 8·d`, both rounded to bfloat16: the only change to
-the GGUF's values, bounded by `weight_tolerance`. The embedding (tied to the output head, Q8_0 in the GGUF) stays as loaded.
+Steps and verification passes (up to DENSE_ROWS tokens) run draftlab's own kernel (models/kernels):
+the activations quantized to 8 bits per block of 32 (llama.cpp's q8_1), integer sums inside a block,
+the GGUF's own d and m outside it. Its cost barely grows with the rows (the codes are unpacked once
+per pass), and a row's output does not depend on what else the pass holds. Prompts run a dense copy
+of the same weights. The embedding (tied to the output head, Q8_0 in the GGUF) stays as loaded.
 
 A checkpoint without Q4_1 blocks (a user's bfloat16 folder) can be quantized to Q4_1 here (gguf-py's own
 quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
@@ -25,13 +26,14 @@ import torch
 from torch import nn
 
 from draftlab.errors import DraftlabError
+from draftlab.models import kernels
 
 GROUP = 32
-ROWS = 16  # torch's CPU int4 packing takes output rows in multiples of 16
+ROWS = kernels.LANES  # the kernel takes output rows in tiles of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
+Q8_BLOCK_BYTES = 34  # float16 d, 32 signed codes
 STORAGE = "q4_1"
-# Passes longer than this run a bfloat16 copy (Q4Linear): the int4 kernel's time grows with the rows,
-# and at 8 rows it matched bfloat16's (11.8 against 12.0 ms for the default target's 210 matrices).
+# Passes longer than this run a dense copy (Q4Linear): a long pass is bound by arithmetic, not bytes.
 DENSE_ROWS = 8
 OWN = "the GGUF's own Q4_1 blocks"
 QUANTIZED = "quantized to Q4_1 by draftlab"
@@ -86,12 +88,43 @@ class Q4Blocks:
         return torch.from_numpy(self.codes.astype(np.float32)) * d + m
 
 
+@dataclass(frozen=True)
+class Q8Blocks:
+    """One matrix as Q8_0: codes [N, K] in -127..127 and scales d [N, K/32], float16 values."""
+
+    codes: np.ndarray  # int8
+    d: np.ndarray  # float16
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, rows: int, cols: int) -> Q8Blocks:
+        """ggml's bytes (rows × cols/32 blocks of a float16 d and 32 signed codes) as codes and scales."""
+        if cols % GROUP:
+            raise DraftlabError(f"a Q8_0 matrix needs a multiple of {GROUP} columns, got {cols}")
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // GROUP, Q8_BLOCK_BYTES)
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+        return cls(blocks[..., 2:].copy().view(np.int8).reshape(rows, cols), d)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> Q8Blocks:
+        """A float matrix quantized to Q8_0 by gguf-py (llama.cpp's reference rounding)."""
+        from gguf import GGMLQuantizationType, quants  # noqa: PLC0415
+
+        rows, cols = weight.shape
+        raw = quants.quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType.Q8_0)
+        return cls.from_raw(raw, rows, cols)
+
+    def dequantize(self) -> torch.Tensor:
+        """The GGUF's float32 values, q·d."""
+        d = torch.from_numpy(self.d.astype(np.float32)).repeat_interleave(GROUP, dim=1)
+        return torch.from_numpy(self.codes.astype(np.float32)) * d
+
+
 def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
-    """Per weight, how far the layer's bfloat16 arithmetic may move it from the GGUF's q·d + m, read
-    back as a bfloat16 output. The kernel rounds d and m + 8d to bfloat16 (≤ u·(16|d| + |m|) for codes
-    0..15, u bfloat16's unit roundoff), the prompt path the weight itself (≤ u·|w|), and the output
-    is rounded once more (u·|w|, |w| ≤ 15|d| + |m|): u·(31|d| + 2|m|)
-    bounds either, plus float32's own rounding of the sum."""
+    """Per weight, how far the layer may move it from the GGUF's q·d + m, read back by a one-hot row
+    as a bfloat16 output. The kernel uses d and m exactly (a one-hot row's activation quantizes
+    exactly up to float32 rounding), the prompt path's bfloat16 copy rounds the weight (≤ u·|w|), and
+    the output is rounded to bfloat16 (u·|w|, |w| ≤ 15|d| + |m|): u·(31|d| + 2|m|) bounds either,
+    plus float32's own rounding. What the 8-bit activations move is the kernel's own (test_q4_kernel)."""
     u = torch.finfo(torch.bfloat16).eps / 2
     d = torch.from_numpy(blocks.d.astype(np.float32)).abs().repeat_interleave(GROUP, dim=1)
     m = torch.from_numpy(blocks.m.astype(np.float32)).abs().repeat_interleave(GROUP, dim=1)
@@ -110,43 +143,76 @@ def dense_dtype() -> torch.dtype:
 
 
 class Q4Linear(nn.Module):
-    """A bias-free linear layer over packed Q4_1 codes; computes in bfloat16.
+    """A bias-free linear layer over packed Q4_1 codes.
 
-    Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run
-    torch's int4 kernel over the packed codes, reading a quarter of bfloat16's bytes. Longer ones
-    (prompts) run a copy of the same values made once at load (`dense_dtype`): the int4 kernel's time grows
-    with the rows (a 256-token prompt of the default target took 460 ms through it, 127 ms in
-    bfloat16), while a long pass is bound by arithmetic, not bytes. The copy is a plain attribute,
-    not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read it."""
+    Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run the
+    integer kernel over the packed codes, reading a quarter of bfloat16's bytes. Longer ones (prompts)
+    run a copy of the same values made once at load (`dense_dtype`): a long pass is bound by arithmetic,
+    not bytes. The copy is a plain attribute, not a buffer, so compiled packages (passes of at most 8
+    tokens) neither hold nor read it. Outputs are bfloat16, the dtype the rest of the model computes in."""
 
     def __init__(self, blocks: Q4Blocks) -> None:
         super().__init__()
+        kernels.load()
         rows, cols = blocks.codes.shape
         self.in_features, self.out_features = cols, rows
-        codes = torch.from_numpy(blocks.codes.astype(np.int32))
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        d = torch.from_numpy(blocks.d.astype(np.float32))
-        m = torch.from_numpy(blocks.m.astype(np.float32))
-        # [K/32, N, 2]: scale and zero per group and output row, the kernel's layout.
-        sz = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_and_zeros", sz.to(torch.bfloat16))
+        packed, scales, minima = kernels.pack_q4_1(blocks.codes, blocks.d, blocks.m)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        self.register_buffer("minima", minima)
         self.dense = blocks.dequantize().to(dense_dtype())
 
     def step_bytes(self) -> int:
-        """What a decoding step reads of this layer: the packed codes and their scales."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_and_zeros))
+        """What a decoding step reads of this layer: the packed codes and their scales and minima."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.minima))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        rows = x.reshape(-1, shape[-1])
         if rows.shape[0] > DENSE_ROWS:
-            out = nn.functional.linear(rows.to(self.dense.dtype), self.dense).to(torch.bfloat16)
+            out = nn.functional.linear(rows.to(self.dense.dtype), self.dense)
         else:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_and_zeros)
-        return out.reshape(*shape[:-1], self.out_features)
+            out = kernels.q4_1_q8_mm(rows, self.packed, self.scales, self.minima)
+        return out.to(torch.bfloat16).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, storage=q4_1"
+
+
+class Q8Head(nn.Module):
+    """The output head over packed Q8_0 codes (llama.cpp's storage of this target's tied embedding):
+    half the bytes of bfloat16, through the same integer kernel as the 4-bit layers. Prompts run a
+    dense copy of the same values, as Q4Linear's do."""
+
+    def __init__(self, blocks: Q8Blocks) -> None:
+        super().__init__()
+        rows, cols = blocks.codes.shape
+        self.in_features, self.out_features = cols, rows
+        codes, scales = kernels.pack_q8_0(blocks.codes, blocks.d)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.dense = blocks.dequantize().to(dense_dtype())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The head's values, dense, for readers of an output head's weight (vocabulary size, drafters'
+        heads distilled from it)."""
+        return self.dense
+
+    def step_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        if rows.shape[0] > DENSE_ROWS:
+            out = nn.functional.linear(rows.to(self.dense.dtype), self.dense)
+        else:
+            out = kernels.q8_0_q8_mm(rows, self.codes, self.scales)
+        return out.to(torch.bfloat16).reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, storage=q8_0"
 
 
 def transformers_rows(name: str, rows: int, config) -> np.ndarray:
@@ -199,7 +265,7 @@ def quantized_blocks(model: nn.Module) -> dict[str, Q4Blocks]:
 
 
 def fits(rows: int, cols: int) -> bool:
-    """Whether torch's int4 kernel takes a matrix of this shape."""
+    """Whether the kernel takes a matrix of this shape."""
     return rows % ROWS == 0 and cols % GROUP == 0
 
 
@@ -227,14 +293,43 @@ def own_gguf(name: str) -> Path | None:
     return gguf if gguf is not None and _is_q4_1(gguf) else None
 
 
+def gguf_head(path: Path) -> Q8Blocks | None:
+    """The output head's Q8_0 blocks in a GGUF (`output`, else the tied `token_embd`), or None."""
+    from gguf import GGMLQuantizationType, GGUFReader  # noqa: PLC0415
+
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    tensor = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q8_0:
+        return None
+    cols, rows = (int(n) for n in tensor.shape)
+    return Q8Blocks.from_raw(np.asarray(tensor.data), rows, cols)
+
+
+def apply_head(model: nn.Module, blocks: Q8Blocks | None) -> None:
+    """Run the output head from Q8_0 blocks, where there are some and its shape fits the kernel."""
+    head = model.get_output_embeddings()
+    if blocks is None or not isinstance(head, nn.Linear) or head.bias is not None:
+        return
+    if tuple(head.weight.shape) != blocks.codes.shape:
+        raise DraftlabError(
+            f"Q8_0 head {blocks.codes.shape} does not fit the model's {tuple(head.weight.shape)}"
+        )
+    model.set_output_embeddings(Q8Head(blocks))
+
+
 def attach(model: nn.Module, name: str) -> str:
-    """Run `model`'s linear layers from Q4_1: a catalogue target's own GGUF blocks where it has them,
-    else its weights quantized here. Returns which (OWN or QUANTIZED), for labels and fingerprints."""
+    """Run `model`'s linear layers from Q4_1 and its output head from Q8_0, as llama.cpp stores them:
+    a catalogue target's own GGUF blocks where it has them, else its weights quantized here. Returns
+    which (OWN or QUANTIZED), for labels and fingerprints."""
     gguf = own_gguf(name)
     if gguf is not None:
         apply(model, gguf_blocks(gguf, model.config))
+        apply_head(model, gguf_head(gguf))
         return OWN
     apply(model, quantized_blocks(model))
+    head = model.get_output_embeddings()
+    if isinstance(head, nn.Linear) and fits(*head.weight.shape):
+        apply_head(model, Q8Blocks.quantize(head.weight))
     return QUANTIZED
 
 

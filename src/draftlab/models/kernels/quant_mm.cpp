@@ -1,0 +1,293 @@
+// GGUF block weights (Q4_1, Q8_0) times activations quantized to 8 bits per block of 32, in integer
+// arithmetic: the dot products llama.cpp runs for these storages (its q4_1 x q8_1 and q8_0 x q8_0),
+// laid out so that one vector lane is one output row. A block's codes are loaded (and unpacked) once
+// and reused by every activation row, so a pass of 8 tokens reads the weights once, like a pass of one.
+//
+// Every path (AVX-512 VNNI, AVX2, scalar) computes each output as the same sequence of float
+// operations over the blocks, in the same order, from exact integer sums inside a block: the results
+// are bit-identical across paths and do not depend on how many rows a pass holds.
+//
+// Layout (models/kernels/__init__.py `pack_q4_1`, `pack_q8_0`): output rows in tiles of 16. For tile t
+// and block b, 8 groups g of 16 lanes (rows) x 4 bytes (inputs 4g..4g+3 of the block). Q8_0 stores
+// them as 8 chunks of 64 signed bytes; Q4_1 as 4 chunks whose low nibbles hold groups 0-3 and high
+// nibbles groups 4-7. Scales (and Q4_1's minima) are the GGUF's float16 values, their bits as int16,
+// [tile][block][16].
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxRows = 8;  // activation rows per sweep over the weights
+
+enum Isa : int64_t { kAuto = -1, kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Q4_1: 4-bit codes q in 0..15, w = q·d + m. Q8_0: signed 8-bit codes, w = q·d.
+template <bool kQ4>
+constexpr int64_t tile_bytes() {
+  return kQ4 ? kLanes * kGroup / 2 : kLanes * kGroup;
+}
+
+struct Activations {
+  // Per row and block: 32 signed codes, their scale d, the integer sum of the codes and d times it.
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> sum;
+  std::vector<float> s;
+};
+
+Activations quantize(const float* x, int64_t rows, int64_t k) {
+  const int64_t blocks = k / kGroup, n = rows * blocks;
+  Activations a{std::vector<int8_t>(rows * k), std::vector<float>(n), std::vector<int32_t>(n), std::vector<float>(n)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + r * k + b * kGroup;
+      float amax = 0.f;
+      for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float d = amax / 127.f;
+      const float id = d > 0.f ? 1.f / d : 0.f;
+      int32_t sum = 0;
+      int8_t* qb = a.q.data() + r * k + b * kGroup;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const int32_t q = static_cast<int32_t>(std::nearbyint(xb[i] * id));
+        qb[i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      a.d[r * blocks + b] = d;
+      a.sum[r * blocks + b] = sum;
+      a.s[r * blocks + b] = d * static_cast<float>(sum);
+    }
+  }
+  return a;
+}
+
+struct Weights {
+  const uint8_t* codes;  // one tile's blocks
+  const uint16_t* d;
+  const uint16_t* m;  // Q4_1 only
+  int64_t blocks;
+};
+
+struct Out {
+  float* data;
+  int64_t stride;  // outputs per row
+  int64_t col0;    // this tile's first output
+};
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+// The reference: one lane at a time, the same float operations as the vector paths.
+template <bool kQ4>
+void tile_scalar(const Weights& w, const Activations& a, int64_t k, int64_t row0, int64_t rows, const Out& out) {
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    for (int64_t lane = 0; lane < kLanes; ++lane) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < w.blocks; ++b) {
+        const uint8_t* tb = w.codes + b * tile_bytes<kQ4>();
+        const int8_t* xq = a.q.data() + r * k + b * kGroup;
+        int32_t isum = 0;
+        for (int64_t g = 0; g < 8; ++g) {
+          for (int64_t i = 0; i < 4; ++i) {
+            int32_t code;
+            if constexpr (kQ4) {
+              const uint8_t byte = tb[(g % 4) * 64 + lane * 4 + i];
+              code = g < 4 ? (byte & 0x0F) : (byte >> 4);
+            } else {
+              code = static_cast<int8_t>(tb[g * 64 + lane * 4 + i]);
+            }
+            isum += code * xq[4 * g + i];
+          }
+        }
+        const int64_t ab = r * w.blocks + b;
+        acc = std::fma(static_cast<float>(isum), half_to_float(w.d[b * kLanes + lane]) * a.d[ab], acc);
+        if constexpr (kQ4) acc = std::fma(half_to_float(w.m[b * kLanes + lane]), a.s[ab], acc);
+      }
+      out.data[r * out.stride + out.col0 + lane] = acc;
+    }
+  }
+}
+
+template <bool kQ4>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Weights& w, const Activations& a, int64_t k,
+                                                        int64_t row0, int64_t rows, const Out& out) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t half = 0; half < 2; ++half) {  // lanes 0-7, then 8-15
+    __m256 acc[kMaxRows];
+    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const uint8_t* tb = w.codes + b * tile_bytes<kQ4>() + half * 32;
+      // u: the codes as unsigned bytes; for Q8_0 their magnitudes, with the signs in sg (maddubs
+      // takes one unsigned operand and saturates pairs at 16 bits: 2·127·127 fits, 2·255·127 not).
+      __m256i u[8], sg[8];
+      for (int64_t g = 0; g < 8; ++g) {
+        if constexpr (kQ4) {
+          const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + (g % 4) * 64));
+          u[g] = _mm256_and_si256(g < 4 ? p : _mm256_srli_epi16(p, 4), low);
+        } else {
+          sg[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tb + g * 64));
+          u[g] = _mm256_abs_epi8(sg[g]);
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + b * kLanes + half * 8)));
+      __m256 m = _mm256_setzero_ps();
+      if constexpr (kQ4) m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + b * kLanes + half * 8)));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = row0 + r, ab = row * w.blocks + b;
+        const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + row * k + b * kGroup);
+        __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int64_t g = 0; g < 8; ++g) {
+          __m256i x = _mm256_set1_epi32(xq[g]);
+          if constexpr (!kQ4) x = _mm256_sign_epi8(x, sg[g]);
+          s[g % 2] = _mm256_add_epi32(s[g % 2], _mm256_madd_epi16(_mm256_maddubs_epi16(u[g], x), ones));
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(s[0], s[1]));
+        acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(d, _mm256_set1_ps(a.d[ab])), acc[r]);
+        if constexpr (kQ4) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.s[ab]), acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) _mm256_storeu_ps(out.data + (row0 + r) * out.stride + out.col0 + half * 8, acc[r]);
+  }
+}
+
+template <bool kQ4>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void tile_avx512(
+    const Weights& w, const Activations& a, int64_t k, int64_t row0, int64_t rows, const Out& out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[kMaxRows];
+  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* tb = w.codes + b * tile_bytes<kQ4>();
+    // Unsigned bytes for vpdpbusd: Q4_1's codes as they are, Q8_0's moved up by 128 (undone below
+    // by the activations' code sum).
+    __m512i u[8];
+    for (int64_t g = 0; g < 8; ++g) {
+      if constexpr (kQ4) {
+        const __m512i p = _mm512_loadu_si512(tb + (g % 4) * 64);
+        u[g] = _mm512_and_si512(g < 4 ? p : _mm512_srli_epi16(p, 4), low);
+      } else {
+        u[g] = _mm512_xor_si512(_mm512_loadu_si512(tb + g * 64), flip);
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + b * kLanes)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (kQ4) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + b * kLanes)));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = row0 + r, ab = row * w.blocks + b;
+      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + row * k + b * kGroup);
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(xq[0]));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(xq[1]));
+      for (int64_t g = 2; g < 8; g += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(xq[g]));
+        s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(xq[g + 1]));
+      }
+      __m512i si = _mm512_add_epi32(s0, s1);
+      if constexpr (!kQ4) si = _mm512_sub_epi32(si, _mm512_set1_epi32(128 * a.sum[ab]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(d, _mm512_set1_ps(a.d[ab])), acc[r]);
+      if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ab]), acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(out.data + (row0 + r) * out.stride + out.col0, acc[r]);
+}
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+// The widest path this CPU runs, capped like torch's own kernels by ATEN_CPU_CAPABILITY.
+int64_t best_isa() {
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  const std::string limit = cap ? cap : "";
+  if (limit != "avx2" && limit != "default" && cpu_has_avx512()) return kAvx512;
+  if (limit != "default" && cpu_has_avx2()) return kAvx2;
+  return kScalar;
+}
+
+template <bool kQ4>
+at::Tensor block_mm(const char* name, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                    const at::Tensor* minima, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2, name, ": x must be [rows, inputs]");
+  TORCH_CHECK(codes.element_size() == 1 && codes.dim() == 3 && codes.size(2) == tile_bytes<kQ4>(), name,
+              ": codes must be bytes [tiles, blocks, ", tile_bytes<kQ4>(), "]");
+  const int64_t tiles = codes.size(0), blocks = codes.size(1), k = blocks * kGroup;
+  TORCH_CHECK(x.size(1) == k, name, ": x has ", x.size(1), " inputs, the weights ", k);
+  for (const at::Tensor* t : {&scales, minima}) {
+    if (t == nullptr) continue;
+    TORCH_CHECK(t->scalar_type() == at::kShort && t->numel() == tiles * blocks * kLanes, name,
+                ": scales and minima must be float16 bits in int16 [tiles, blocks, 16]");
+  }
+  if (isa == kAuto) isa = best_isa();
+  TORCH_CHECK(isa != kAvx512 || cpu_has_avx512(), name, ": this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(isa != kAvx2 || cpu_has_avx2(), name, ": this CPU lacks AVX2");
+
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const at::Tensor wc = codes.contiguous(), wd = scales.contiguous();
+  const at::Tensor wm = minima ? minima->contiguous() : wd;
+  const int64_t rows = xf.size(0);
+  at::Tensor out = at::empty({rows, tiles * kLanes}, xf.options());
+  if (rows == 0) return out;
+  const Activations a = quantize(xf.data_ptr<float>(), rows, k);
+  const auto* cp = static_cast<const uint8_t*>(wc.data_ptr());
+  const auto* dp = reinterpret_cast<const uint16_t*>(wd.data_ptr<int16_t>());
+  const auto* mp = reinterpret_cast<const uint16_t*>(wm.data_ptr<int16_t>());
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const Weights w{cp + t * blocks * tile_bytes<kQ4>(), dp + t * blocks * kLanes, mp + t * blocks * kLanes, blocks};
+      const Out o{out.data_ptr<float>(), tiles * kLanes, t * kLanes};
+      for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+        const int64_t r = std::min(kMaxRows, rows - r0);
+        if (isa == kAvx512) {
+          tile_avx512<kQ4>(w, a, k, r0, r, o);
+        } else if (isa == kAvx2) {
+          tile_avx2<kQ4>(w, a, k, r0, r, o);
+        } else {
+          tile_scalar<kQ4>(w, a, k, r0, r, o);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor q4_1_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                      const at::Tensor& minima, int64_t isa) {
+  return block_mm<true>("q4_1_q8_mm", x, codes, scales, &minima, isa);
+}
+
+at::Tensor q8_0_q8_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t isa) {
+  return block_mm<false>("q8_0_q8_mm", x, codes, scales, nullptr, isa);
+}
+
+int64_t q8_isa() { return best_isa(); }
+
+}  // namespace
+
+TORCH_LIBRARY(draftlab, m) {
+  m.def("q4_1_q8_mm(Tensor x, Tensor codes, Tensor scales, Tensor minima, int isa=-1) -> Tensor");
+  m.def("q8_0_q8_mm(Tensor x, Tensor codes, Tensor scales, int isa=-1) -> Tensor");
+  m.def("q8_isa() -> int");
+}
+
+TORCH_LIBRARY_IMPL(draftlab, CPU, m) {
+  m.impl("q4_1_q8_mm", &q4_1_q8_mm);
+  m.impl("q8_0_q8_mm", &q8_0_q8_mm);
+}
+
+TORCH_LIBRARY_IMPL(draftlab, CompositeExplicitAutograd, m) { m.impl("q8_isa", &q8_isa); }
