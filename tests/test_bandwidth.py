@@ -48,3 +48,29 @@ def test_the_report_sets_each_plain_decoding_against_its_limit():
     assert "ar 40.0 ms/token = 2.0× its limit 20.0 ms (500 MB)" in line
     assert "ar@llamacpp 10.0 ms/token = 2.5× its limit 4.0 ms (100 MB)" in line
     assert bandwidth_line({"run": {"extra": {}}, "overall": {}}) is None
+
+
+def test_a_4_bit_step_reads_the_packed_codes_and_the_q8_0_head_not_the_embedding(tiny_pair):
+    from draftlab.models import q4
+
+    target = str(tiny_pair["llama"][0])
+    lm = load_model(ModelSpec(target, dtype="q4_1"))
+    model = lm.model
+    assert isinstance(model.get_output_embeddings(), q4.Q8Head)
+    packed = 0
+    for module in model.modules():
+        if isinstance(module, q4.Q4Linear):  # half a byte a weight, a float16 scale and minimum per 32
+            packed += (
+                module.out_features * module.in_features // 2
+                + 4 * module.out_features * module.in_features // 32
+            )
+        elif isinstance(module, q4.Q8Head):  # a byte a weight, a float16 scale per 32
+            packed += (
+                module.out_features * module.in_features + 2 * module.out_features * module.in_features // 32
+            )
+    embedding = model.get_input_embeddings().weight
+    rest = sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * 2
+    assert weight_bytes(lm) == packed + rest
+    # A drafter's head (no output embeddings of its own) counts its parameters.
+    head = type("Head", (), {"model": torch.nn.Linear(4, 2, bias=False)})()
+    assert weight_bytes(head) == 8 * 4

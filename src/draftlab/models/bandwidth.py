@@ -71,7 +71,8 @@ def weight_bytes(lm) -> int:
     # parameters() yields a tied weight once; a shell's (meta) parameters have their dtype's size too.
     # A 4-bit layer's packed codes and scales are buffers (models/q4.py), which it reports itself.
     params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
-    if hasattr(lm.model.get_output_embeddings(), "step_bytes"):
+    output = getattr(lm.model, "get_output_embeddings", None)  # a drafter's head has no such method
+    if output is not None and hasattr(output(), "step_bytes"):
         # A Q8_0 head (models/q4.py) is read instead of the tied embedding, of which a step reads a row.
         embedding = lm.model.get_input_embeddings().weight
         params -= embedding.numel() * embedding.element_size()
