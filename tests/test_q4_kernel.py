@@ -51,6 +51,9 @@ def test_every_path_gives_the_same_bits_as_the_scalar_reference(fmt):
     reference = _mm(x, blocks, 0)
     for isa in paths:
         assert torch.equal(_mm(x, blocks, isa), reference), kernels.ISA_NAMES[isa]
+    # Half-precision activations are read as they are: as their float32 values would be.
+    for half in (torch.bfloat16, torch.float16):
+        assert torch.equal(_mm(x.to(half), blocks), _mm(x.to(half).float(), blocks))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -108,7 +108,7 @@ class LoadedModel:
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
             **(
-                {"storage": self.storage, "prompts": str(q4.dense_dtype()), "kernel": kernels.isa()}
+                {"storage": self.storage, "prompts": str(q4.dense_dtype()), "kernel": kernels.version()}
                 if self.storage
                 else {}
             ),

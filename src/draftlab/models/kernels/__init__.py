@@ -25,15 +25,20 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
 
 
 @functools.cache
+def digest() -> str:
+    """The kernels' source and torch's version: what a build, and a package calling it, depends on."""
+    with open(SOURCE, "rb") as f:
+        return hashlib.sha256(f.read() + torch.__version__.encode()).hexdigest()[:16]
+
+
+@functools.cache
 def load() -> None:
     """Build (first time) and load the kernels into this process."""
     from torch.utils import cpp_extension  # noqa: PLC0415
 
     from draftlab.models.cache import home  # noqa: PLC0415
 
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + torch.__version__.encode()).hexdigest()[:16]
-    build = home() / "kernels" / f"quant_mm-{digest}"
+    build = home() / "kernels" / f"quant_mm-{digest()}"
     if shutil.which("ninja") is None:  # pip's ninja, in a virtual environment not on PATH
         import ninja  # noqa: PLC0415
 
@@ -41,7 +46,7 @@ def load() -> None:
     build.mkdir(parents=True, exist_ok=True)
     try:
         cpp_extension.load(
-            name=f"draftlab_quant_mm_{digest}",
+            name=f"draftlab_quant_mm_{digest()}",
             sources=[SOURCE],
             build_directory=str(build),
             # at::parallel_for is inline: without OpenMP here it runs on one thread. The library it
@@ -70,6 +75,12 @@ def isa() -> str:
     """The path this CPU's kernels take (capped, like torch's, by ATEN_CPU_CAPABILITY)."""
     load()
     return ISA_NAMES[int(torch.ops.draftlab.q8_isa())]
+
+
+def version() -> str:
+    """Which kernels run here, for profiles' and packages' fingerprints: another path or another
+    source prices (and compiles) otherwise."""
+    return f"{isa()}-{digest()}"
 
 
 def _by_group(codes: np.ndarray) -> np.ndarray:

@@ -47,12 +47,14 @@ struct Activations {
   std::vector<float> s;
 };
 
-Activations quantize(const float* x, int64_t rows, int64_t k) {
+template <typename T>
+Activations quantize(const T* x, int64_t rows, int64_t k) {
   const int64_t blocks = k / kGroup, n = rows * blocks;
   Activations a{std::vector<int8_t>(rows * k), std::vector<float>(n), std::vector<int32_t>(n), std::vector<float>(n)};
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + r * k + b * kGroup;
+      float xb[kGroup];
+      for (int64_t i = 0; i < kGroup; ++i) xb[i] = static_cast<float>(x[r * k + b * kGroup + i]);
       float amax = 0.f;
       for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(xb[i]));
       const float d = amax / 127.f;
@@ -161,45 +163,58 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Weights& w, const 
   }
 }
 
-template <bool kQ4>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void tile_avx512(
-    const Weights& w, const Activations& a, int64_t k, int64_t row0, int64_t rows, const Out& out) {
+// R activation rows at once, known at compile time so that their accumulators live in registers.
+template <bool kQ4, int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"))) void tile_avx512_rows(
+    const Weights& w, const Activations& a, int64_t k, int64_t row0, const Out& out) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[kMaxRows];
-  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int32_t* xq[R];
   for (int64_t b = 0; b < w.blocks; ++b) {
     const uint8_t* tb = w.codes + b * tile_bytes<kQ4>();
-    // Unsigned bytes for vpdpbusd: Q4_1's codes as they are, Q8_0's moved up by 128 (undone below
-    // by the activations' code sum).
-    __m512i u[8];
-    for (int64_t g = 0; g < 8; ++g) {
+    for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(a.q.data() + (row0 + r) * k + b * kGroup);
+    // Each group's codes meet every row before the next group's are unpacked. Unsigned bytes for
+    // vpdpbusd: Q4_1's codes as they are, Q8_0's moved up by 128 (undone below by the rows' code sums).
+    __m512i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      __m512i u;
       if constexpr (kQ4) {
         const __m512i p = _mm512_loadu_si512(tb + (g % 4) * 64);
-        u[g] = _mm512_and_si512(g < 4 ? p : _mm512_srli_epi16(p, 4), low);
+        u = _mm512_and_si512(g < 4 ? p : _mm512_srli_epi16(p, 4), low);
       } else {
-        u[g] = _mm512_xor_si512(_mm512_loadu_si512(tb + g * 64), flip);
+        u = _mm512_xor_si512(_mm512_loadu_si512(tb + g * 64), flip);
       }
+      for (int r = 0; r < R; ++r) s[r] = _mm512_dpbusd_epi32(s[r], u, _mm512_set1_epi32(xq[r][g]));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + b * kLanes)));
     __m512 m = _mm512_setzero_ps();
     if constexpr (kQ4) m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + b * kLanes)));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t row = row0 + r, ab = row * w.blocks + b;
-      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + row * k + b * kGroup);
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(xq[0]));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(xq[1]));
-      for (int64_t g = 2; g < 8; g += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u[g], _mm512_set1_epi32(xq[g]));
-        s1 = _mm512_dpbusd_epi32(s1, u[g + 1], _mm512_set1_epi32(xq[g + 1]));
-      }
-      __m512i si = _mm512_add_epi32(s0, s1);
+    for (int r = 0; r < R; ++r) {
+      const int64_t ab = (row0 + r) * w.blocks + b;
+      __m512i si = s[r];
       if constexpr (!kQ4) si = _mm512_sub_epi32(si, _mm512_set1_epi32(128 * a.sum[ab]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(d, _mm512_set1_ps(a.d[ab])), acc[r]);
       if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.s[ab]), acc[r]);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(out.data + (row0 + r) * out.stride + out.col0, acc[r]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out.data + (row0 + r) * out.stride + out.col0, acc[r]);
+}
+
+template <bool kQ4>
+void tile_avx512(const Weights& w, const Activations& a, int64_t k, int64_t row0, int64_t rows, const Out& out) {
+  switch (rows) {
+    case 1: return tile_avx512_rows<kQ4, 1>(w, a, k, row0, out);
+    case 2: return tile_avx512_rows<kQ4, 2>(w, a, k, row0, out);
+    case 3: return tile_avx512_rows<kQ4, 3>(w, a, k, row0, out);
+    case 4: return tile_avx512_rows<kQ4, 4>(w, a, k, row0, out);
+    case 5: return tile_avx512_rows<kQ4, 5>(w, a, k, row0, out);
+    case 6: return tile_avx512_rows<kQ4, 6>(w, a, k, row0, out);
+    case 7: return tile_avx512_rows<kQ4, 7>(w, a, k, row0, out);
+    default: return tile_avx512_rows<kQ4, 8>(w, a, k, row0, out);
+  }
 }
 
 bool cpu_has_avx512() {
@@ -237,13 +252,23 @@ at::Tensor block_mm(const char* name, const at::Tensor& x, const at::Tensor& cod
   TORCH_CHECK(isa != kAvx512 || cpu_has_avx512(), name, ": this CPU lacks AVX-512 VNNI");
   TORCH_CHECK(isa != kAvx2 || cpu_has_avx2(), name, ": this CPU lacks AVX2");
 
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  // Activations are read in their own dtype (a model's bfloat16): no float32 copy per call.
+  const at::Tensor xf = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf
+                            ? x.contiguous()
+                            : x.to(at::kFloat).contiguous();
   const at::Tensor wc = codes.contiguous(), wd = scales.contiguous();
   const at::Tensor wm = minima ? minima->contiguous() : wd;
   const int64_t rows = xf.size(0);
-  at::Tensor out = at::empty({rows, tiles * kLanes}, xf.options());
+  at::Tensor out = at::empty({rows, tiles * kLanes}, xf.options().dtype(at::kFloat));
   if (rows == 0) return out;
-  const Activations a = quantize(xf.data_ptr<float>(), rows, k);
+  Activations a;
+  if (xf.scalar_type() == at::kBFloat16) {
+    a = quantize(xf.data_ptr<at::BFloat16>(), rows, k);
+  } else if (xf.scalar_type() == at::kHalf) {
+    a = quantize(xf.data_ptr<at::Half>(), rows, k);
+  } else {
+    a = quantize(xf.data_ptr<float>(), rows, k);
+  }
   const auto* cp = static_cast<const uint8_t*>(wc.data_ptr());
   const auto* dp = reinterpret_cast<const uint16_t*>(wd.data_ptr<int16_t>());
   const auto* mp = reinterpret_cast<const uint16_t*>(wm.data_ptr<int16_t>());
