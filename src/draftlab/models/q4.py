@@ -9,7 +9,8 @@ Steps and verification passes (up to DENSE_ROWS tokens) run draftlab's own kerne
 the activations quantized to 8 bits per block of 32 (llama.cpp's q8_1), integer sums inside a block,
 the GGUF's own d and m outside it. Its cost barely grows with the rows (the codes are unpacked once
 per pass), and a row's output does not depend on what else the pass holds. Prompts run a dense copy
-of the same weights. The embedding (tied to the output head, Q8_0 in the GGUF) stays as loaded.
+of the same weights. The output head runs from the GGUF's Q8_0 blocks (its tied embedding) through
+the same kernels; the input embedding stays as loaded.
 
 A checkpoint without Q4_1 blocks (a user's bfloat16 folder) can be quantized to Q4_1 here (gguf-py's own
 quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
@@ -142,29 +143,31 @@ def dense_dtype() -> torch.dtype:
     return torch.bfloat16 if native_bf16() else torch.float32
 
 
-class Q4Linear(nn.Module):
-    """A bias-free linear layer over packed Q4_1 codes.
+class BlockLinear(nn.Module):
+    """A bias-free linear layer over GGUF blocks packed for draftlab's kernels (models/kernels).
 
     Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run the
-    integer kernel over the packed codes, reading a quarter of bfloat16's bytes. Longer ones (prompts)
-    run a copy of the same values made once at load (`dense_dtype`): a long pass is bound by arithmetic,
-    not bytes. The copy is a plain attribute, not a buffer, so compiled packages (passes of at most 8
-    tokens) neither hold nor read it. Outputs are bfloat16, the dtype the rest of the model computes in."""
+    integer kernel over the packed codes. Longer ones (prompts) run a copy of the same values made
+    once at load (`dense_dtype`): a long pass is bound by arithmetic, not bytes. The copy is a plain
+    attribute, not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read
+    it. Outputs are bfloat16, the dtype the rest of the model computes in."""
 
-    def __init__(self, blocks: Q4Blocks) -> None:
+    storage = ""
+
+    def __init__(self, codes: np.ndarray, dense: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
         super().__init__()
         kernels.load()
-        rows, cols = blocks.codes.shape
-        self.in_features, self.out_features = cols, rows
-        packed, scales, minima = kernels.pack_q4_1(blocks.codes, blocks.d, blocks.m)
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales", scales)
-        self.register_buffer("minima", minima)
-        self.dense = blocks.dequantize().to(dense_dtype())
+        self.out_features, self.in_features = codes.shape
+        for name, tensor in buffers.items():
+            self.register_buffer(name, tensor)
+        self.dense = dense.to(dense_dtype())
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def step_bytes(self) -> int:
-        """What a decoding step reads of this layer: the packed codes and their scales and minima."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.minima))
+        """What a decoding step reads of this layer: the packed codes and their scales."""
+        return sum(t.numel() * t.element_size() for t in self.buffers())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -172,26 +175,37 @@ class Q4Linear(nn.Module):
         if rows.shape[0] > DENSE_ROWS:
             out = nn.functional.linear(rows.to(self.dense.dtype), self.dense)
         else:
-            out = kernels.q4_1_q8_mm(rows, self.packed, self.scales, self.minima)
+            out = self.kernel(rows)
         return out.to(torch.bfloat16).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, storage=q4_1"
+        return f"in_features={self.in_features}, out_features={self.out_features}, storage={self.storage}"
 
 
-class Q8Head(nn.Module):
-    """The output head over packed Q8_0 codes (llama.cpp's storage of this target's tied embedding):
-    half the bytes of bfloat16, through the same integer kernel as the 4-bit layers. Prompts run a
-    dense copy of the same values, as Q4Linear's do."""
+class Q4Linear(BlockLinear):
+    """A decoder layer's matrix as Q4_1: a quarter of bfloat16's bytes a step."""
+
+    storage = "q4_1"
+
+    def __init__(self, blocks: Q4Blocks) -> None:
+        packed, scales, minima = kernels.pack_q4_1(blocks.codes, blocks.d, blocks.m)
+        super().__init__(
+            blocks.codes, blocks.dequantize(), {"packed": packed, "scales": scales, "minima": minima}
+        )
+
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernels.q4_1_q8_mm(rows, self.packed, self.scales, self.minima)
+
+
+class Q8Head(BlockLinear):
+    """The output head as Q8_0 (llama.cpp's storage of this target's tied embedding): half the bytes
+    of bfloat16 a step."""
+
+    storage = "q8_0"
 
     def __init__(self, blocks: Q8Blocks) -> None:
-        super().__init__()
-        rows, cols = blocks.codes.shape
-        self.in_features, self.out_features = cols, rows
         codes, scales = kernels.pack_q8_0(blocks.codes, blocks.d)
-        self.register_buffer("codes", codes)
-        self.register_buffer("scales", scales)
-        self.dense = blocks.dequantize().to(dense_dtype())
+        super().__init__(blocks.codes, blocks.dequantize(), {"codes": codes, "scales": scales})
 
     @property
     def weight(self) -> torch.Tensor:
@@ -199,20 +213,8 @@ class Q8Head(nn.Module):
         heads distilled from it)."""
         return self.dense
 
-    def step_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1])
-        if rows.shape[0] > DENSE_ROWS:
-            out = nn.functional.linear(rows.to(self.dense.dtype), self.dense)
-        else:
-            out = kernels.q8_0_q8_mm(rows, self.codes, self.scales)
-        return out.to(torch.bfloat16).reshape(*shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, storage=q8_0"
+    def kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernels.q8_0_q8_mm(rows, self.codes, self.scales)
 
 
 def transformers_rows(name: str, rows: int, config) -> np.ndarray:
