@@ -50,6 +50,29 @@ GGUF_TO_HF = {
 }
 
 
+def _blocks(raw: np.ndarray, rows: int, cols: int, block_bytes: int, name: str) -> np.ndarray:
+    """ggml's bytes of a matrix as [rows, cols/32, block_bytes], each block's float16 scale first."""
+    if cols % GROUP:
+        raise DraftlabError(f"a {name} matrix needs a multiple of {GROUP} columns, got {cols}")
+    return np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // GROUP, block_bytes)
+
+
+def _halves(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The float16 values at byte `start` of every block."""
+    return blocks[..., start : start + 2].copy().view(np.float16)[..., 0]
+
+
+def _gguf_quantized(weight: torch.Tensor, ggml_type: str) -> np.ndarray:
+    """A float matrix's bytes quantized by gguf-py (llama.cpp's reference rounding)."""
+    from gguf import GGMLQuantizationType, quants  # noqa: PLC0415
+
+    return quants.quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType[ggml_type])
+
+
+def _per_group(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(values.astype(np.float32)).repeat_interleave(GROUP, dim=1)
+
+
 @dataclass(frozen=True)
 class Q4Blocks:
     """One matrix as Q4_1: codes [N, K] in 0..15, scales d and minima m [N, K/32], float16 values."""
@@ -61,32 +84,21 @@ class Q4Blocks:
     @classmethod
     def from_raw(cls, raw: np.ndarray, rows: int, cols: int) -> Q4Blocks:
         """ggml's bytes (rows × cols/32 blocks of 20 bytes) as codes, scales and minima."""
-        if cols % GROUP:
-            raise DraftlabError(f"a Q4_1 matrix needs a multiple of {GROUP} columns, got {cols}")
-        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // GROUP, BLOCK_BYTES)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+        blocks = _blocks(raw, rows, cols, BLOCK_BYTES, "Q4_1")
         qs = blocks[..., 4:]
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
-        return cls(codes, d, m)
+        return cls(codes, _halves(blocks, 0), _halves(blocks, 2))
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> Q4Blocks:
-        """A float matrix quantized to Q4_1 by gguf-py (llama.cpp's reference rounding)."""
-        from gguf import GGMLQuantizationType, quants  # noqa: PLC0415
-
-        rows, cols = weight.shape
-        raw = quants.quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType.Q4_1)
-        return cls.from_raw(raw, rows, cols)
+        return cls.from_raw(_gguf_quantized(weight, "Q4_1"), *weight.shape)
 
     def rows(self, order: np.ndarray) -> Q4Blocks:
         return Q4Blocks(self.codes[order], self.d[order], self.m[order])
 
     def dequantize(self) -> torch.Tensor:
         """The GGUF's float32 values, q·d + m (as llama.cpp dequantizes)."""
-        d = torch.from_numpy(self.d.astype(np.float32)).repeat_interleave(GROUP, dim=1)
-        m = torch.from_numpy(self.m.astype(np.float32)).repeat_interleave(GROUP, dim=1)
-        return torch.from_numpy(self.codes.astype(np.float32)) * d + m
+        return torch.from_numpy(self.codes.astype(np.float32)) * _per_group(self.d) + _per_group(self.m)
 
 
 @dataclass(frozen=True)
@@ -99,25 +111,16 @@ class Q8Blocks:
     @classmethod
     def from_raw(cls, raw: np.ndarray, rows: int, cols: int) -> Q8Blocks:
         """ggml's bytes (rows × cols/32 blocks of a float16 d and 32 signed codes) as codes and scales."""
-        if cols % GROUP:
-            raise DraftlabError(f"a Q8_0 matrix needs a multiple of {GROUP} columns, got {cols}")
-        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // GROUP, Q8_BLOCK_BYTES)
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        return cls(blocks[..., 2:].copy().view(np.int8).reshape(rows, cols), d)
+        blocks = _blocks(raw, rows, cols, Q8_BLOCK_BYTES, "Q8_0")
+        return cls(blocks[..., 2:].copy().view(np.int8).reshape(rows, cols), _halves(blocks, 0))
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> Q8Blocks:
-        """A float matrix quantized to Q8_0 by gguf-py (llama.cpp's reference rounding)."""
-        from gguf import GGMLQuantizationType, quants  # noqa: PLC0415
-
-        rows, cols = weight.shape
-        raw = quants.quantize(weight.detach().float().cpu().numpy(), GGMLQuantizationType.Q8_0)
-        return cls.from_raw(raw, rows, cols)
+        return cls.from_raw(_gguf_quantized(weight, "Q8_0"), *weight.shape)
 
     def dequantize(self) -> torch.Tensor:
         """The GGUF's float32 values, q·d."""
-        d = torch.from_numpy(self.d.astype(np.float32)).repeat_interleave(GROUP, dim=1)
-        return torch.from_numpy(self.codes.astype(np.float32)) * d
+        return torch.from_numpy(self.codes.astype(np.float32)) * _per_group(self.d)
 
 
 def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
@@ -127,8 +130,7 @@ def weight_tolerance(blocks: Q4Blocks) -> torch.Tensor:
     the output is rounded to bfloat16 (u·|w|, |w| ≤ 15|d| + |m|): u·(31|d| + 2|m|) bounds either,
     plus float32's own rounding. What the 8-bit activations move is the kernel's own (test_q4_kernel)."""
     u = torch.finfo(torch.bfloat16).eps / 2
-    d = torch.from_numpy(blocks.d.astype(np.float32)).abs().repeat_interleave(GROUP, dim=1)
-    m = torch.from_numpy(blocks.m.astype(np.float32)).abs().repeat_interleave(GROUP, dim=1)
+    d, m = _per_group(blocks.d).abs(), _per_group(blocks.m).abs()
     return (u + 4 * torch.finfo(torch.float32).eps) * (31 * d + 2 * m)
 
 
