@@ -29,7 +29,7 @@ from torch import nn
 from draftlab.errors import DraftlabError
 from draftlab.models import kernels
 
-GROUP = 32
+GROUP = kernels.GROUP  # inputs per block, in the GGUF and in the kernels
 ROWS = kernels.LANES  # the kernel takes output rows in tiles of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # float16 d, 32 signed codes
