@@ -22,7 +22,7 @@ workers="${DRAFTLAB_TEST_WORKERS:-2}"
 under_load=(
     tests/test_pacing.py tests/test_sizing.py tests/test_routing.py tests/test_trees.py tests/test_lossless.py
     tests/test_exactness_unit.py tests/test_sampling_exact.py tests/test_rules_unit.py tests/audit/test_audit.py
-    tests/drafters/eagle3/test_eagle.py tests/test_q4_kernel.py
+    tests/drafters/eagle3/test_eagle.py tests/test_q4_kernel.py tests/test_attend_kernel.py tests/test_q4.py
 )
 
 timings=()

@@ -15,7 +15,7 @@ from tiny import make_model
 from tolerance import sum_tol
 
 from draftlab.cli import main
-from draftlab.models import q4
+from draftlab.models import attention, q4
 from draftlab.models.cached import CachedModel
 from draftlab.models.loading import ModelSpec, candidate_dtypes, load_model
 
@@ -106,6 +106,55 @@ def test_compiled_q4_1_passes_give_the_eager_logits(q4_llama):
         tol = sum_tol(2 * (64 + 64 + 128) + 64, torch.bfloat16, float(a.abs().max()))
         torch.testing.assert_close(b.float(), a.float(), atol=tol, rtol=0)
     assert lm.model._draftlab_compiled_steps.calls == 2
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_pass_of_several_tokens_scores_each_as_plain_decoding_does(q4_llama, compiled):
+    """Without exact mode: the 4-bit matrices and draftlab's attention score a row alone, so a
+    verification pass's logits are a one-token pass's bits, after short and long contexts."""
+    lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+    assert lm.model.config._attn_implementation == attention.ROWS
+    cm = CachedModel(lm, compiled=compiled)
+    tokens = [17, 92, 41, 88, 120, 5, 77, 9]
+    for context in (9, 70, 130):
+        ids = [(7919 * i + 13) % 256 for i in range(context)]
+        cm.start(ids)
+        cm.forward(ids)
+        one = torch.cat([cm.forward([t]) for t in tokens])
+        cm.crop(context)
+        for n in (2, 3, 8):
+            assert torch.equal(cm.forward(tokens[:n]), one[:n]), (context, n)
+            cm.crop(context)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_prompts_rows_see_only_the_tokens_before_them(q4_llama, compiled):
+    """A prompt's pass (the dense copy) is causal: changing its last tokens leaves the rows before
+    them as they were, bit for bit (same shapes, same kernels; hidden keys weigh exactly 0)."""
+    lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+    cm = CachedModel(lm, compiled=compiled)
+    prompt = [(31 * i + 7) % 256 for i in range(30)]
+    changed = prompt[:20] + [(t + 101) % 256 for t in prompt[20:]]
+    rows = []
+    for ids in (prompt, changed):
+        cm.start(ids)
+        rows.append(cm.forward(ids))
+    assert torch.equal(rows[1][:20], rows[0][:20])
+    assert not torch.equal(rows[1][20:], rows[0][20:])
+
+
+@pytest.mark.parametrize("how", [[], ["--compile"]], ids=["eager", "compiled"])
+def test_greedy_methods_write_plain_decodings_tokens_in_q4_1(q4_llama, capsys, how):
+    """The methods of our loop, chains and a token tree, on a 4-bit target and draft: `ar`'s tokens,
+    without --exact. (The tiny model's logits lie close: near-ties are common.)"""
+    argv = ["--target", str(q4_llama), "--draft", str(q4_llama), "--dtype", "q4_1", *how]
+    prompt = " ".join(str((31 * i + 7) % 256) for i in range(40))
+    tokens = {}
+    for method in ("ar", "sps", "pld", "sps-tree"):
+        assert main(["generate", *argv, "--method", method, "--max-new-tokens", "24", "--json", prompt]) == 0
+        tokens[method] = json.loads(capsys.readouterr().out)["tokens"]
+    assert len(tokens["ar"]) == 24
+    assert all(t == tokens["ar"] for t in tokens.values()), tokens
 
 
 def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):

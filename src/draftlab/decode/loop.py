@@ -114,7 +114,10 @@ class SpeculativeDecoder:
         t_first: float | None = None
 
         sizer = self.sizer
-        exact = getattr(target, "exact", False)
+        # Exact mode, or a target whose passes after the prompt score rows as alone (a 4-bit one):
+        # the prompt then goes through the target alone, as plain decoding's does, so its keys and
+        # its first token's logits are the same bits.
+        prompt_alone = getattr(target, "exact", False) or getattr(target, "row_exact", False)
         shadow = Shadows()
         if sizer is not None:
             sizer.start()
@@ -129,9 +132,7 @@ class SpeculativeDecoder:
             self._draft_s = 0.0
             t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
-            if exact and t_first is None:
-                # Exact mode: the prompt goes through the target alone, as plain decoding's does, so
-                # its keys and its first token's logits are the same bits.
+            if prompt_alone and t_first is None:
                 proposal, choice = Proposal(), None
             elif paced:
                 proposal, choice = Proposal(), None

@@ -1,6 +1,11 @@
 """Attention for compiled passes over a static cache: over a window of the cache's slots, not the
 whole bucket, with grouped keys read as they are; registered with transformers' attention interface
-so that an exported model calls it in place of its sdpa attention (models/compiled.py)."""
+so that an exported model calls it in place of its sdpa attention (models/compiled.py).
+
+A 4-bit target (models/q4.py), whose matrices score each row as they would alone, also attends
+with draftlab's own kernel (`row_attention`), eager or compiled: then a pass of several tokens
+scores each exactly as plain decoding's one-token passes do, and its lossless methods write
+plain decoding's tokens without exact mode's padding (models/exact.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from draftlab.models import kernels, q4
+
 # A pass's attention spans the bucket's first slots up to the last one it fills, rounded up to a
 # multiple of WINDOW_GRAIN, not the whole bucket, and reads grouped keys and values without copying
 # them out per query head. On a 2-core AMD Zen4 (avx512_bf16) the default target's `q4_1` package
@@ -18,6 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 # the whole bucket through transformers' sdpa path; plain decoding 9.9 against 16.0 ms a token.
 # Exact mode keeps the whole bucket (models/exact.py: its passes' attention must span the same slots).
 WINDOW = "draftlab_window"
+ROWS = "draftlab_rows"
 WINDOW_GRAIN = 64
 # torch's CPU flash attention in bfloat16 (and float16) is slow on an odd number of query rows: on a
 # 2-core AMD Zen4, one row over 1024 slots (the default target's 9 query and 3 key heads) took
@@ -36,6 +44,22 @@ def window_attention(
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     out = attend(query, key, value, attention_mask, gqa=gqa, scale=scaling, dropout=dropout)
     return out.transpose(1, 2).contiguous(), None
+
+
+def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs):
+    """draftlab's kernel (models/kernels/attend.cpp), whose rows do not depend on the pass they are
+    in, on the CPU; `window_attention` for a long prompt, whose matrices run the dense copy (q4.dense)
+    and round as a batch anyway."""
+    plain = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
+    if q4.dense(query.shape[2]) or dropout or plain or query.device.type != "cpu":
+        if slots is None:  # an eager pass: transformers' own, which also reads a mask left out as causal
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
+        return window_attention(module, query, key, value, attention_mask, dropout, scaling, slots, **kwargs)
+    key, value, attention_mask = in_window(key, value, attention_mask, slots)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return kernels.attend(query, key, value, attention_mask, scale), None
 
 
 def attend(query, key, value, mask, slots=None, gqa: bool = False, scale=None, dropout: float = 0.0):
@@ -80,24 +104,43 @@ def read_window(window: torch.Tensor | None, length: int) -> int | None:
 
 AttentionInterface.register(WINDOW, window_attention)
 AttentionMaskInterface.register(WINDOW, sdpa_mask)
+AttentionInterface.register(ROWS, row_attention)
+AttentionMaskInterface.register(ROWS, sdpa_mask)
+
+
+def attend_by_rows(model: torch.nn.Module) -> bool:
+    """Have a 4-bit model attend with `row_attention` where it would use transformers' sdpa
+    attention (not where a user asked for another). Returns whether it does."""
+    if (
+        not getattr(model, "_supports_attention_backend", False)
+        or model.config._attn_implementation != "sdpa"
+    ):
+        return False
+    model.set_attn_implementation(ROWS)
+    return True
 
 
 def windows(model: torch.nn.Module) -> bool:
     """Whether the model's packages attend over a window: its attention is transformers' sdpa,
     reached through the attention interface (which lets `window_attention` stand in for it)."""
     return bool(getattr(model, "_supports_attention_backend", False)) and (
-        model.config._attn_implementation == "sdpa"
+        model.config._attn_implementation in ("sdpa", ROWS)
     )
 
 
 @contextlib.contextmanager
 def attending_in_windows(model: torch.nn.Module):
-    """The model's attention as `window_attention` while an export traces it."""
+    """The model's attention as `window_attention` while an export traces it (`row_attention`,
+    which takes windows too, stays)."""
+    before = model.config._attn_implementation
+    if before == ROWS:
+        yield
+        return
     model.set_attn_implementation(WINDOW)
     try:
         yield
     finally:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(before)
 
 
 def window(past: int, n: int, length: int) -> int:

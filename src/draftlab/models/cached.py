@@ -7,6 +7,7 @@ the encoder once and the sequence starts with the decoder start token.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import statistics
 import time
@@ -19,7 +20,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from draftlab.errors import DraftlabError
-from draftlab.models import exact
+from draftlab.models import attention, exact, q4
 from draftlab.models.compiled import (
     MAX_PASS,
     PASS_SIZES,
@@ -65,6 +66,13 @@ class CachedModel:
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
         if self.compiled is not None:
             self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
+
+    @property
+    def row_exact(self) -> bool:
+        """Whether every pass after the prompt scores each row with the bits of a one-token pass: a
+        4-bit target (models/q4.py) attending by rows (models/attention.py). Its lossless methods
+        then write plain decoding's tokens when the prompt, too, goes through alone (decode/loop.py)."""
+        return bool(self.lm.storage) and self.model.config._attn_implementation == attention.ROWS
 
     @property
     def length(self) -> int:
@@ -154,6 +162,8 @@ class CachedModel:
             mask, positions = self._tree.extend(start, n_chain, tree, self.model.dtype)
             kwargs["attention_mask"] = mask.to(self.device)
             kwargs["position_ids"] = positions.to(self.device)
+        # After the prompt, a 4-bit target's passes of any length score rows as they would alone.
+        rowwise = q4.rowwise() if start > 0 and self.row_exact else contextlib.nullcontext()
         cuda = self.device.type == "cuda"
         if cuda:  # the pass's time must not include work queued before it
             torch.cuda.synchronize(self.device)
@@ -162,13 +172,15 @@ class CachedModel:
             if pad_to is None:
                 pad_to = width  # exact mode's, looked up above (None while warming or probing)
             ran = self.compiled.run_s
-            out = self._static_forward(feed, kwargs, pad_to)
+            with rowwise:
+                out = self._static_forward(feed, kwargs, pad_to)
             if self.compiled.run_s > ran and not cuda:  # a package ran: only its runner's time is the pass
                 t0 = time.perf_counter() - (self.compiled.run_s - ran)
         elif self._encoder_out is not None:
             out = self.model(encoder_outputs=self._encoder_out, decoder_input_ids=feed, **kwargs)
         else:
-            out = self.model(input_ids=feed, **kwargs)
+            with rowwise:
+                out = self.model(input_ids=feed, **kwargs)
         if cuda:  # a CUDA call returns once its kernels are queued
             torch.cuda.synchronize(self.device)
         self.model_s += time.perf_counter() - t0

@@ -24,7 +24,7 @@ from transformers import (
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env, supported_dtypes
-from draftlab.models import kernels, q4, registry
+from draftlab.models import attention, kernels, q4, registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # 4-bit storages and the dtype they compute in (models/q4.py): the target's linear layers from Q4_1
@@ -241,6 +241,7 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
     if spec.dtype in STORAGES:
         storage = q4.attach(model, spec.name)
         model.to(DTYPES[spec.dtype])
+        attention.attend_by_rows(model)
     return LoadedModel(model, tokenizer, spec, path, _eos_ids(model, tokenizer), storage)
 
 

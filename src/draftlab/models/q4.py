@@ -18,6 +18,8 @@ quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,28 @@ ROWS = kernels.LANES  # the kernel takes output rows in tiles of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # float16 d, 32 signed codes
 STORAGE = "q4_1"
-# Passes longer than this run a dense copy (Q4Linear): a long pass is bound by arithmetic, not bytes.
+# Prompts longer than this run a dense copy (Q4Linear): a long pass is bound by arithmetic, not bytes.
 DENSE_ROWS = 8
+# Set while a pass after the prompt runs (models/cached.py): then every pass, however long, runs
+# the kernels, whose rows round as they would alone, and lossless methods write plain decoding's bits.
+_ROWWISE: contextvars.ContextVar[bool] = contextvars.ContextVar("draftlab_rowwise", default=False)
+
+
+@contextlib.contextmanager
+def rowwise():
+    """Passes of any length through the row-invariant kernels while this lasts."""
+    token = _ROWWISE.set(True)
+    try:
+        yield
+    finally:
+        _ROWWISE.reset(token)
+
+
+def dense(rows: int) -> bool:
+    """Whether a pass of this many rows runs the dense copy: a prompt longer than DENSE_ROWS."""
+    return rows > DENSE_ROWS and not _ROWWISE.get()
+
+
 OWN = "the GGUF's own Q4_1 blocks"
 QUANTIZED = "quantized to Q4_1 by draftlab"
 # llama.cpp's tensor names for a llama block's matrices, and where transformers keeps them.
@@ -174,7 +196,7 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
-        if rows.shape[0] > DENSE_ROWS:
+        if dense(rows.shape[0]):
             out = nn.functional.linear(rows.to(self.dense.dtype), self.dense)
         else:
             out = self.kernel(rows)

@@ -1,9 +1,13 @@
-"""draftlab's own CPU kernels: GGUF block weights (Q4_1, Q8_0) times activations quantized to 8 bits
-per block of 32, in integer arithmetic (`quant_mm.cpp`), as llama.cpp computes those files.
+"""draftlab's own CPU kernels:
+
+* GGUF block weights (Q4_1, Q8_0) times activations quantized to 8 bits per block of 32, in integer
+  arithmetic (`quant_mm.cpp`), as llama.cpp computes those files;
+* attention whose rows do not depend on the pass they are in (`attend.cpp`).
 
 They are built once per torch version and source on first use, with torch's own extension builder,
-into the draftlab home, and registered as the operators `draftlab::q4_1_q8_mm` and
-`draftlab::q8_0_q8_mm`, which exported programs and compiled packages call like any other."""
+into the draftlab home, and registered as the operators `draftlab::q4_1_q8_mm`,
+`draftlab::q8_0_q8_mm` and `draftlab::attend`, which exported programs and compiled packages call
+like any other."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 
 from draftlab.errors import DraftlabError, first_line
 
-SOURCE = os.path.join(os.path.dirname(__file__), "quant_mm.cpp")
+SOURCES = tuple(os.path.join(os.path.dirname(__file__), name) for name in ("quant_mm.cpp", "attend.cpp"))
 GROUP = 32
 LANES = 16  # output rows per tile: one AVX-512 vector of float32
 # The paths the kernel takes, by the number it answers `isa` with (quant_mm.cpp's `Isa`).
@@ -27,8 +31,11 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
 @functools.cache
 def digest() -> str:
     """The kernels' source and torch's version: what a build, and a package calling it, depends on."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read() + torch.__version__.encode()).hexdigest()[:16]
+    h = hashlib.sha256(torch.__version__.encode())
+    for source in SOURCES:
+        with open(source, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
 
 
 @functools.cache
@@ -47,11 +54,12 @@ def load() -> None:
     try:
         cpp_extension.load(
             name=f"draftlab_quant_mm_{digest()}",
-            sources=[SOURCE],
+            sources=list(SOURCES),
             build_directory=str(build),
             # at::parallel_for is inline: without OpenMP here it runs on one thread. The library it
             # links (libgomp.so.1) is the one torch has already loaded, so both share one pool.
-            extra_cflags=["-O3", "-fopenmp"],
+            # No fused multiply-adds but the ones written out: each path must round alike.
+            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
@@ -69,6 +77,10 @@ def load() -> None:
     @torch.library.register_fake("draftlab::q8_0_q8_mm")
     def _(x, codes, scales, isa=-1):
         return x.new_empty((x.shape[0], codes.shape[0] * LANES), dtype=torch.float32)
+
+    @torch.library.register_fake("draftlab::attend")
+    def _(q, k, v, mask, scale, isa=-1):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
 
 def isa() -> str:
@@ -131,3 +143,18 @@ def q8_0_q8_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, isa: 
     """x [rows, K] times the Q8_0 matrix's transpose, float32 [rows, N]."""
     load()
     return torch.ops.draftlab.q8_0_q8_mm(x, codes, scales, isa)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    isa: int = -1,
+) -> torch.Tensor:
+    """Attention of q [b, heads, rows, d] over k, v [b, kv heads, slots, d] under a mask [b, 1,
+    rows, slots] (bool, or additive with the dtype's lowest value hiding a slot; None: causal),
+    as [b, rows, heads, d]. Each row's output depends only on that row and the slots it sees."""
+    load()
+    return torch.ops.draftlab.attend(q, k, v, mask, scale, isa)

@@ -1,0 +1,511 @@
+// Attention whose output for a query row depends only on that row and on the keys and values it may
+// see, in slot order: not on how many rows the pass holds, how wide a window of the cache it spans,
+// nor on where the slots it may not see lie. torch's CPU attention splits its sums into blocks by
+// the pass's shape, so a token verified in row 3 of a pass rounds unlike the same token decoded
+// alone, and a lossless method then writes other tokens than plain decoding (models/exact.py).
+//
+// For each row and head, in float32: the scores of the visible slots (each a dot product summed in
+// one fixed order over 16 lanes), their maximum, exp(score - max), the sum of those in slot order,
+// and the values weighted by them, summed in slot order. Slots the mask hides are skipped, not
+// weighted by zero, so a token tree's node, whose ancestors sit in other slots than its chain's,
+// sums the same terms in the same order as the chain.
+//
+// Every step inside a slot is element-wise or in a fixed order, so the vector paths (AVX-512, AVX2)
+// and the scalar one compute the same bits; which runs follows ATEN_CPU_CAPABILITY (quant_mm.cpp).
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <immintrin.h>
+#include <limits>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxGroup = 8;  // query heads scored per sweep over a slot's key
+constexpr int64_t kMaxChunks = 16;  // 16-lane chunks of a head on the vector paths (dim <= 256)
+
+// e^x for x <= 0 (a score less its row's maximum), from float operations only (Cephes' expf), so
+// that every path rounds alike: libm's expf differs between its scalar and vector versions.
+inline __attribute__((always_inline)) float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // keeps 2^n normal; e^-87 is below any sum it joins
+  const float t = x * 1.44269504088896341f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // t rounded to an integer (1.5·2^23)
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float e = std::fma(p, r * r, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return e * two_n;
+}
+
+// What a path computes, for G query heads of one key head (`qf`: G rows of `padded` floats, zero
+// past dim) over the n slots a row sees (`seen`), in the order they come:
+//   dots:    w[g·n + i] = fma(q_g · k_seen[i], scale, add[i]), each dot product over 16 lanes
+//            (lane j takes dims j, j + 16, ...: a product, then fused multiply-adds), the lanes then
+//            summed as a tree (j + 8, then j + 4, j + 2, j + 1);
+//   softmax: w[i] = e^(w[i] - max w), and their sum over 16 lanes (lane i mod 16, in order of i),
+//            the lanes summed by the same tree;
+//   weigh:   acc[g·padded + d] = Σ_i w[g·n + i] · v_seen[i][d], in order of i (fused multiply-adds).
+// The vector paths run 16 slots at a time and sum 8 dot products' lanes at once (`tree8`), in the
+// same tree. `scratch` holds 16 slots' keys or values in float32.
+template <typename T>
+struct Path {
+  void (*dots)(const float* qf, int64_t heads, int64_t padded, const T* keys, int64_t slot_stride,
+               const int64_t* seen, int64_t n, int64_t dim, float scale, const float* add, float* w, float* scratch);
+  float (*softmax)(float* w, int64_t n);
+  void (*weigh)(const float* w, int64_t heads, int64_t padded, const T* values, int64_t slot_stride,
+                const int64_t* seen, int64_t n, int64_t dim, float* acc, float* scratch);
+};
+
+inline float tree16(float* lane) {
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (int64_t j = 0; j < width; ++j) lane[j] += lane[j + width];
+  }
+  return lane[0];
+}
+
+// ---- The reference, one lane at a time.
+template <typename T>
+void dots_scalar(const float* qf, int64_t heads, int64_t padded, const T* keys, int64_t slot_stride,
+                 const int64_t* seen, int64_t n, int64_t dim, float scale, const float* add, float* w, float* kf) {
+  for (int64_t d = dim; d < padded; ++d) kf[d] = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const T* k = keys + seen[i] * slot_stride;
+    for (int64_t d = 0; d < dim; ++d) kf[d] = static_cast<float>(k[d]);
+    for (int64_t g = 0; g < heads; ++g) {
+      const float* q = qf + g * padded;
+      float part[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) part[j] = q[j] * kf[j];
+      for (int64_t c = kLanes; c < padded; c += kLanes) {
+        for (int64_t j = 0; j < kLanes; ++j) part[j] = std::fma(q[c + j], kf[c + j], part[j]);
+      }
+      w[g * n + i] = std::fma(tree16(part), scale, add[i]);
+    }
+  }
+}
+
+inline float lane_sum_tail(float* lane, const float* w, int64_t from, int64_t n) {
+  for (int64_t i = from; i < n; ++i) lane[i % kLanes] += w[i];
+  return tree16(lane);
+}
+
+float softmax_scalar(float* w, int64_t n) {
+  float top = w[0];
+  for (int64_t i = 1; i < n; ++i) top = std::max(top, w[i]);
+  for (int64_t i = 0; i < n; ++i) w[i] = exp_nonpositive(w[i] - top);
+  float lane[kLanes] = {};
+  return lane_sum_tail(lane, w, 0, n);
+}
+
+template <typename T>
+void weigh_scalar(const float* w, int64_t heads, int64_t padded, const T* values, int64_t slot_stride,
+                  const int64_t* seen, int64_t n, int64_t dim, float* acc, float*) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* v = values + seen[i] * slot_stride;
+    for (int64_t g = 0; g < heads; ++g) {
+      const float p = w[g * n + i];
+      float* a = acc + g * padded;
+      for (int64_t d = 0; d < dim; ++d) a[d] = std::fma(p, static_cast<float>(v[d]), a[d]);
+    }
+  }
+}
+
+// The dot products' places in `tree8`'s input, so that its output lane e is dot product e.
+constexpr int kTreeSlot[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
+#define DL_TARGET_AVX512 "avx512f,avx512bw,avx512vl,fma,f16c"
+#define DL_TARGET_AVX2 "avx2,fma,f16c"
+
+// Eight dot products' 8 lanes (each already lanes j + lanes j + 8), a[kTreeSlot[e]] = product e:
+// lane e of the result sums product e's lanes as (j + 4), then (j + 2), then (j + 1).
+#define DL_TREE8(TARGET, NAME)                                                                \
+  __attribute__((target(TARGET), always_inline)) inline __m256 NAME(const __m256* a) {       \
+    __m256 y[4], z[2];                                                                        \
+    for (int i = 0; i < 4; ++i) {                                                             \
+      y[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20),                      \
+                           _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));                     \
+    }                                                                                         \
+    for (int i = 0; i < 2; ++i) {                                                             \
+      z[i] = _mm256_add_ps(_mm256_shuffle_ps(y[i], y[i + 2], _MM_SHUFFLE(1, 0, 1, 0)),        \
+                           _mm256_shuffle_ps(y[i], y[i + 2], _MM_SHUFFLE(3, 2, 3, 2)));       \
+    }                                                                                         \
+    return _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),              \
+                         _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));             \
+  }
+DL_TREE8(DL_TARGET_AVX512, tree8_avx512)
+DL_TREE8(DL_TARGET_AVX2, tree8_avx2)
+
+// e^x of 8 lanes, as exp_nonpositive computes one.
+#define DL_EXP8(TARGET, NAME)                                                                               \
+  __attribute__((target(TARGET), always_inline)) inline __m256 NAME(__m256 x) {                            \
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));                                                          \
+    const __m256 magic = _mm256_set1_ps(12582912.0f);                                                      \
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), magic), \
+                                   magic);                                                                 \
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);                                       \
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);                                             \
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);                                                           \
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));                                           \
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));                                           \
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));                                           \
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));                                           \
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));                                           \
+    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));      \
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23); \
+    return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));                                                    \
+  }
+DL_EXP8(DL_TARGET_AVX512, exp8_avx512)
+DL_EXP8(DL_TARGET_AVX2, exp8_avx2)
+
+// 8 values of T as float32.
+#define DL_LOAD8(TARGET, NAME)                                                                          \
+  template <typename T>                                                                                 \
+  __attribute__((target(TARGET), always_inline)) inline __m256 NAME(const T* p) {                      \
+    if constexpr (std::is_same_v<T, float>) {                                                           \
+      return _mm256_loadu_ps(p);                                                                        \
+    } else if constexpr (std::is_same_v<T, at::BFloat16>) {                                             \
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); \
+      return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));                                          \
+    } else {                                                                                            \
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));                     \
+    }                                                                                                   \
+  }
+DL_LOAD8(DL_TARGET_AVX512, load8_avx512)
+DL_LOAD8(DL_TARGET_AVX2, load8_avx2)
+
+// The slots i0.. i0 + m of `seen` as float32 rows of dim, into `block`.
+#define DL_CONVERT(TARGET, NAME, LOAD8)                                                                         \
+  template <typename T>                                                                                         \
+  __attribute__((target(TARGET), always_inline)) inline void NAME(const T* base, int64_t slot_stride,          \
+                                                                  const int64_t* seen, int64_t m, int64_t dim, \
+                                                                  float* block) {                               \
+    for (int64_t e = 0; e < m; ++e) {                                                                           \
+      const T* row = base + seen[e] * slot_stride;                                                              \
+      for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(block + e * dim + d, LOAD8(row + d));              \
+    }                                                                                                           \
+  }
+DL_CONVERT(DL_TARGET_AVX512, convert_avx512, load8_avx512)
+DL_CONVERT(DL_TARGET_AVX2, convert_avx2, load8_avx2)
+
+// ---- AVX-512 (16 lanes in one register) and AVX2 (two registers of 8).
+template <typename T, int C>
+__attribute__((target(DL_TARGET_AVX512))) void dots_avx512(const float* qf, int64_t heads, int64_t padded,
+                                                           const T* keys, int64_t slot_stride, const int64_t* seen,
+                                                           int64_t n, int64_t dim, float scale, const float* add,
+                                                           float* w, float* block) {
+  const int64_t chunks = C > 0 ? C : dim / kLanes;
+  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+    const int64_t m = std::min(kLanes, n - i0);
+    convert_avx512(keys, slot_stride, seen + i0, m, dim, block);
+    for (int64_t g = 0; g < heads; ++g) {
+      __m512 qv[kMaxChunks];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(qf + g * padded + c * kLanes);
+      __m256 half[2][8];
+      for (int64_t e = 0; e < kLanes; ++e) {
+        __m512 part = _mm512_setzero_ps();
+        if (e < m) {
+          const float* k = block + e * dim;
+          part = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+          for (int64_t c = 1; c < chunks; ++c) part = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), part);
+        }
+        half[e / 8][kTreeSlot[e % 8]] = _mm256_add_ps(
+            _mm512_castps512_ps256(part), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(part), 1)));
+      }
+      alignas(32) float dot[kLanes];
+      _mm256_store_ps(dot, tree8_avx512(half[0]));
+      _mm256_store_ps(dot + 8, tree8_avx512(half[1]));
+      for (int64_t e = 0; e < m; ++e) w[g * n + i0 + e] = std::fma(dot[e], scale, add[i0 + e]);
+    }
+  }
+}
+
+template <typename T, int C>
+__attribute__((target(DL_TARGET_AVX2))) void dots_avx2(const float* qf, int64_t heads, int64_t padded,
+                                                       const T* keys, int64_t slot_stride, const int64_t* seen,
+                                                       int64_t n, int64_t dim, float scale, const float* add,
+                                                       float* w, float* block) {
+  const int64_t chunks = C > 0 ? C : dim / kLanes;
+  for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+    const int64_t m = std::min(kLanes, n - i0);
+    convert_avx2(keys, slot_stride, seen + i0, m, dim, block);
+    for (int64_t g = 0; g < heads; ++g) {
+      const float* q = qf + g * padded;
+      __m256 half[2][8];
+      for (int64_t e = 0; e < kLanes; ++e) {
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        if (e < m) {
+          const float* k = block + e * dim;
+          lo = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+          hi = _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_loadu_ps(k + 8));
+          for (int64_t c = 1; c < chunks; ++c) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * kLanes), _mm256_loadu_ps(k + c * kLanes), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * kLanes + 8), _mm256_loadu_ps(k + c * kLanes + 8), hi);
+          }
+        }
+        half[e / 8][kTreeSlot[e % 8]] = _mm256_add_ps(lo, hi);
+      }
+      alignas(32) float dot[kLanes];
+      _mm256_store_ps(dot, tree8_avx2(half[0]));
+      _mm256_store_ps(dot + 8, tree8_avx2(half[1]));
+      for (int64_t e = 0; e < m; ++e) w[g * n + i0 + e] = std::fma(dot[e], scale, add[i0 + e]);
+    }
+  }
+}
+
+// The maximum, the exponentials in place, and their sum (lanes of 16, summed as the tree).
+#define DL_SOFTMAX(TARGET, NAME, EXP8)                                                        \
+  __attribute__((target(TARGET))) float NAME(float* w, int64_t n) {                         \
+    int64_t i = 0;                                                                            \
+    __m256 top8 = _mm256_set1_ps(w[0]);                                                       \
+    for (; i + 8 <= n; i += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(w + i));            \
+    alignas(32) float lanes[8];                                                               \
+    _mm256_store_ps(lanes, top8);                                                             \
+    float top = lanes[0];                                                                     \
+    for (int j = 1; j < 8; ++j) top = std::max(top, lanes[j]);                                \
+    for (; i < n; ++i) top = std::max(top, w[i]);                                             \
+    const __m256 t = _mm256_set1_ps(top);                                                     \
+    __m256 sum_lo = _mm256_setzero_ps(), sum_hi = _mm256_setzero_ps();                        \
+    for (i = 0; i + kLanes <= n; i += kLanes) {                                               \
+      const __m256 lo = EXP8(_mm256_sub_ps(_mm256_loadu_ps(w + i), t));                       \
+      const __m256 hi = EXP8(_mm256_sub_ps(_mm256_loadu_ps(w + i + 8), t));                   \
+      _mm256_storeu_ps(w + i, lo);                                                            \
+      _mm256_storeu_ps(w + i + 8, hi);                                                        \
+      sum_lo = _mm256_add_ps(sum_lo, lo);                                                     \
+      sum_hi = _mm256_add_ps(sum_hi, hi);                                                     \
+    }                                                                                         \
+    for (int64_t j = i; j < n; ++j) w[j] = exp_nonpositive(w[j] - top);                      \
+    alignas(32) float sums[kLanes];                                                           \
+    _mm256_store_ps(sums, sum_lo);                                                            \
+    _mm256_store_ps(sums + 8, sum_hi);                                                        \
+    return lane_sum_tail(sums, w, i, n);                                                      \
+  }
+DL_SOFTMAX(DL_TARGET_AVX512, softmax_avx512, exp8_avx512)
+DL_SOFTMAX(DL_TARGET_AVX2, softmax_avx2, exp8_avx2)
+
+// Head by head, 16 slots at a time (their values converted once), every lane of the head at once.
+#define DL_WEIGH(TARGET, NAME, CONVERT)                                                                    \
+  template <typename T, int C>                                                                             \
+  __attribute__((target(TARGET))) void NAME(const float* w, int64_t heads, int64_t padded, const T* values, \
+                                            int64_t slot_stride, const int64_t* seen, int64_t n,           \
+                                            int64_t dim, float* acc, float* block) {                      \
+    const int64_t vecs = (C > 0 ? C * kLanes : dim) / 8;                                                    \
+    for (int64_t i0 = 0; i0 < n; i0 += kLanes) {                                                           \
+      const int64_t m = std::min(kLanes, n - i0);                                                          \
+      CONVERT(values, slot_stride, seen + i0, m, dim, block);                                              \
+      for (int64_t g = 0; g < heads; ++g) {                                                                \
+        float* a = acc + g * padded;                                                                       \
+        __m256 sum[2 * kMaxChunks];                                                                        \
+        for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_loadu_ps(a + c * 8);                            \
+        for (int64_t e = 0; e < m; ++e) {                                                                  \
+          const __m256 p = _mm256_set1_ps(w[g * n + i0 + e]);                                              \
+          for (int64_t c = 0; c < vecs; ++c) {                                                             \
+            sum[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(block + e * dim + c * 8), sum[c]);                 \
+          }                                                                                                \
+        }                                                                                                  \
+        for (int64_t c = 0; c < vecs; ++c) _mm256_storeu_ps(a + c * 8, sum[c]);                            \
+      }                                                                                                    \
+    }                                                                                                      \
+  }
+DL_WEIGH(DL_TARGET_AVX512, weigh_avx512, convert_avx512)
+DL_WEIGH(DL_TARGET_AVX2, weigh_avx2, convert_avx2)
+
+struct Shape {
+  int64_t batch, heads, kv_heads, rows, slots, dim;
+};
+
+// Strides of a 4-D tensor, in elements.
+struct Strides {
+  int64_t b, h, r, s;
+  explicit Strides(const at::Tensor& t) : b(t.stride(0)), h(t.stride(1)), r(t.stride(2)), s(t.stride(3)) {}
+};
+
+// The mask's verdict on a slot: hidden (skipped), or visible with what it adds to the score.
+template <typename M>
+inline bool visible(M value, float& add) {
+  if constexpr (std::is_same_v<M, bool>) {
+    add = 0.0f;
+    return value;
+  } else {
+    add = static_cast<float>(value);
+    // transformers hides slots with the dtype's lowest value, not -inf.
+    return value > std::numeric_limits<M>::lowest() && add != -std::numeric_limits<float>::infinity();
+  }
+}
+
+// Items of `split` heads of one key head's group, for one row: out is [batch, rows, heads, dim].
+template <typename T, typename M>
+void attend_items(const Path<T>& path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& mask, at::Tensor& out, const Shape& sh, float scale, int64_t split,
+                  int64_t begin, int64_t end) {
+  const Strides qs(q), ks(k), vs(v);
+  const bool masked = mask.defined();
+  const Strides ms = masked ? Strides(mask) : Strides(q);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const M* mp = masked ? mask.data_ptr<M>() : nullptr;
+  T* op = out.data_ptr<T>();
+  const int64_t group = sh.heads / sh.kv_heads, padded = (sh.dim + kLanes - 1) / kLanes * kLanes;
+  const int64_t chunks = group / split;
+  std::vector<int64_t> seen(sh.slots);
+  std::vector<float> add(sh.slots), w(split * sh.slots), qf(split * padded), acc(split * padded),
+      block(kLanes * padded);
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t chunk = item % chunks, r = (item / chunks) % sh.rows, kvh = (item / (chunks * sh.rows)) % sh.kv_heads;
+    const int64_t b = item / (chunks * sh.rows * sh.kv_heads), h0 = kvh * group + chunk * split;
+    // The slots this row sees, in order (a causal pass without a mask: row r is the token in slot
+    // slots - rows + r, and sees it and the slots before).
+    int64_t n = 0;
+    if (masked) {
+      const M* row = mp + b * ms.b + r * ms.r;
+      for (int64_t s = 0; s < sh.slots; ++s) {
+        if (visible(row[s * ms.s], add[n])) seen[n++] = s;
+      }
+    } else {
+      for (int64_t s = 0; s <= sh.slots - sh.rows + r; ++s, ++n) {
+        seen[n] = s;
+        add[n] = 0.0f;
+      }
+    }
+    for (int64_t g = 0; g < split; ++g) {
+      const T* qrow = qp + b * qs.b + (h0 + g) * qs.h + r * qs.r;
+      for (int64_t d = 0; d < padded; ++d) qf[g * padded + d] = d < sh.dim ? static_cast<float>(qrow[d]) : 0.0f;
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float total[kMaxGroup];
+    if (n > 0) {
+      const T* keys = kp + b * ks.b + kvh * ks.h;
+      const T* values = vp + b * vs.b + kvh * vs.h;
+      path.dots(qf.data(), split, padded, keys, ks.r, seen.data(), n, sh.dim, scale, add.data(), w.data(),
+                block.data());
+      for (int64_t g = 0; g < split; ++g) total[g] = path.softmax(w.data() + g * n, n);
+      path.weigh(w.data(), split, padded, values, ks.r, seen.data(), n, sh.dim, acc.data(), block.data());
+    }
+    for (int64_t g = 0; g < split; ++g) {
+      T* o = op + ((b * sh.rows + r) * sh.heads + h0 + g) * sh.dim;
+      const float inv = n > 0 ? 1.0f / total[g] : 0.0f;
+      for (int64_t d = 0; d < sh.dim; ++d) o[d] = static_cast<T>(acc[g * padded + d] * inv);
+    }
+  }
+}
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool cpu_has_avx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+// The widest path this CPU runs, capped like torch's own kernels by ATEN_CPU_CAPABILITY.
+int64_t attend_isa() {
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  const std::string limit = cap ? cap : "";
+  if (limit != "avx2" && limit != "default" && cpu_has_avx512()) return 2;
+  if (limit != "default" && cpu_has_avx2()) return 1;
+  return 0;
+}
+
+template <typename T>
+Path<T> path_for(int64_t isa, int64_t dim) {
+  if (dim % kLanes != 0 || dim > kLanes * kMaxChunks) isa = 0;
+  // The common head sizes with their loops unrolled.
+  if (isa == 2 && dim == 64) return {&dots_avx512<T, 4>, &softmax_avx512, &weigh_avx512<T, 4>};
+  if (isa == 2 && dim == 128) return {&dots_avx512<T, 8>, &softmax_avx512, &weigh_avx512<T, 8>};
+  if (isa == 2) return {&dots_avx512<T, 0>, &softmax_avx512, &weigh_avx512<T, 0>};
+  if (isa == 1 && dim == 64) return {&dots_avx2<T, 4>, &softmax_avx2, &weigh_avx2<T, 4>};
+  if (isa == 1 && dim == 128) return {&dots_avx2<T, 8>, &softmax_avx2, &weigh_avx2<T, 8>};
+  if (isa == 1) return {&dots_avx2<T, 0>, &softmax_avx2, &weigh_avx2<T, 0>};
+  return {&dots_scalar<T>, &softmax_scalar, &weigh_scalar<T>};
+}
+
+template <typename T, typename M>
+void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, at::Tensor& out,
+              const Shape& sh, float scale, int64_t isa) {
+  const Path<T> path = path_for<T>(isa, sh.dim);
+  const int64_t group = sh.heads / sh.kv_heads;
+  // Heads per item: a whole group shares each key and value it loads, but a pass of few rows then
+  // has too few items to share among the threads; one head each then.
+  int64_t split = 1;
+  for (int64_t s = std::min(group, kMaxGroup); s > 1 && split == 1; --s) {
+    if (group % s == 0) split = s;
+  }
+  if (sh.batch * sh.kv_heads * sh.rows < 4 * at::get_num_threads()) split = 1;
+  const int64_t items = sh.batch * sh.heads / split * sh.rows;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    attend_items<T, M>(path, q, k, v, mask, out, sh, scale, split, begin, end);
+  });
+}
+
+template <typename T>
+void by_mask(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, at::Tensor& out,
+             const Shape& sh, float scale, int64_t isa) {
+  if (!mask.defined() || mask.scalar_type() == at::kBool) return dispatch<T, bool>(q, k, v, mask, out, sh, scale, isa);
+  switch (mask.scalar_type()) {
+    case at::kFloat: return dispatch<T, float>(q, k, v, mask, out, sh, scale, isa);
+    case at::kBFloat16: return dispatch<T, at::BFloat16>(q, k, v, mask, out, sh, scale, isa);
+    case at::kHalf: return dispatch<T, at::Half>(q, k, v, mask, out, sh, scale, isa);
+    default: TORCH_CHECK(false, "attend: the mask must be bool, float32, bfloat16 or float16");
+  }
+}
+
+// q [batch, heads, rows, dim]; k, v [batch, kv_heads, slots, dim]; mask (optional) broadcastable to
+// [batch, 1, rows, slots], bool (true: visible) or additive; out [batch, rows, heads, dim].
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                  double scale, int64_t isa) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend: q, k, v must be 4-D");
+  TORCH_CHECK(k.sizes() == v.sizes(), "attend: keys and values differ in shape");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "attend: q, k, v must share a dtype");
+  const Shape sh{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
+  TORCH_CHECK(k.size(0) == sh.batch && k.size(3) == sh.dim, "attend: keys do not fit the queries");
+  TORCH_CHECK(sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0, "attend: heads must be a multiple of kv heads");
+  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
+  const at::Tensor kc = k.stride(3) == 1 ? k : k.contiguous();
+  const at::Tensor vc = v.stride(3) == 1 && v.strides() == kc.strides() ? v : v.contiguous();
+  TORCH_CHECK(vc.strides() == kc.strides(), "attend: keys and values must share a layout");
+  at::Tensor m;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->dim() == 4 && (mask->size(1) == 1), "attend: the mask must be [batch, 1, rows, slots]");
+    m = mask->expand({sh.batch, sh.heads, sh.rows, sh.slots});  // stride 0 over heads
+  }
+  at::Tensor out = at::empty({sh.batch, sh.rows, sh.heads, sh.dim}, q.options());
+  if (out.numel() == 0) return out;
+  if (isa < 0) isa = attend_isa();
+  TORCH_CHECK(isa != 2 || cpu_has_avx512(), "attend: this CPU lacks AVX-512");
+  TORCH_CHECK(isa != 1 || cpu_has_avx2(), "attend: this CPU lacks AVX2");
+  const float sc = static_cast<float>(scale);
+  switch (q.scalar_type()) {
+    case at::kFloat: by_mask<float>(qc, kc, vc, m, out, sh, sc, isa); break;
+    case at::kBFloat16: by_mask<at::BFloat16>(qc, kc, vc, m, out, sh, sc, isa); break;
+    case at::kHalf: by_mask<at::Half>(qc, kc, vc, m, out, sh, sc, isa); break;
+    default: TORCH_CHECK(false, "attend: q, k, v must be float32, bfloat16 or float16");
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(draftlab, m) {
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, int isa=-1) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftlab, CPU, m) { m.impl("attend", &attend); }
