@@ -8,6 +8,7 @@ the encoder once and the sequence starts with the decoder start token.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import statistics
 import time
@@ -67,7 +68,7 @@ class CachedModel:
         if self.compiled is not None:
             self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
 
-    @property
+    @functools.cached_property
     def row_exact(self) -> bool:
         """Whether every pass after the prompt scores each row with the bits of a one-token pass: a
         4-bit target (models/q4.py) attending by rows (models/attention.py). Its lossless methods

@@ -268,7 +268,7 @@ class CompiledSteps:
         (each copy sees every earlier slot), so no real row can see a copy; their slots are given
         back at once."""
         n = input_ids.shape[1]
-        chain_positions, chain_mask = chain_inputs(cache, rows, self.model.dtype)
+        chain_positions, chain_mask = chain_inputs(cache, rows, self.dtype)
         if positions is not None and mask is not None:
             positions = torch.cat([positions, chain_positions[:, n:]], dim=1)
             mask = torch.cat([mask, chain_mask[:, :, n:]], dim=2)
@@ -328,17 +328,27 @@ class CompiledSteps:
         if not self.masked:
             return ()
         if positions is None or mask is None:
-            positions, mask = chain_inputs(cache, n, self.model.dtype)
+            positions, mask = chain_inputs(cache, n, self.dtype)
         if not self.windowed:
             return positions, mask
         length = capacity(cache)
         slots = length if whole else window(int(cache.layers[0].cumulative_length), n, length)
-        return positions, mask, torch.tensor(slots)
+        return positions, mask, _slots_tensor(slots)
 
     @property
     def windowed(self) -> bool:
         """Whether this model's packages attend over a window (masked passes only)."""
-        return self.masked and not self.eager and windows(self.model)
+        return self.masked and not self.eager and self._attends_in_windows
+
+    @functools.cached_property
+    def _attends_in_windows(self) -> bool:
+        # Read once: transformers' config lookups cost tens of µs a pass, of a 6 ms pass.
+        return windows(self.model)
+
+    @functools.cached_property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype (its property walks the parameters on every call)."""
+        return self.model.dtype
 
     def _build(self, cache: StaticCache, path: Path) -> None:
         """Export the pass over this cache's shapes and compile it into a package at `path`."""
@@ -460,12 +470,24 @@ def write_package(program, path: Path, dtype: str) -> None:
 
 
 def _cache_args(cache: StaticCache) -> tuple[list, list, list]:
-    layers = cache.layers
-    return (
-        [layer.cumulative_length for layer in layers],
-        [layer.keys for layer in layers],
-        [layer.values for layer in layers],
-    )
+    """The cache's tensors as a package takes them. A static cache keeps its tensors for its life
+    (crop and update write into them), so the lists are made once per cache."""
+    made = getattr(cache, "_draftlab_args", None)
+    if made is None or made[1][0] is not cache.layers[0].keys:
+        layers = cache.layers
+        made = (
+            [layer.cumulative_length for layer in layers],
+            [layer.keys for layer in layers],
+            [layer.values for layer in layers],
+        )
+        cache._draftlab_args = made
+    return made
+
+
+@functools.lru_cache(maxsize=64)
+def _slots_tensor(slots: int) -> torch.Tensor:
+    """A window's length as the package's tensor input (read there, never written)."""
+    return torch.tensor(slots)
 
 
 def pads(one_ms: float, two_ms: float) -> bool:
