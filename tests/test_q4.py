@@ -157,6 +157,35 @@ def test_greedy_methods_write_plain_decodings_tokens_in_q4_1(q4_llama, capsys, h
     assert all(t == tokens["ar"] for t in tokens.values()), tokens
 
 
+def test_a_model_with_a_dense_matrix_left_keeps_transformers_attention(stories):
+    """stories260K's MLP (172 wide) does not fit the kernel and stays dense: its rows round by their
+    pass anyway, so the model is not claimed exact (no row attention, no prompt-alone rounds)."""
+    lm = load_model(ModelSpec(str(stories), dtype="q4_1"))
+    assert not q4.all_blocks(lm.model) and lm.model.config._attn_implementation == "sdpa"
+    assert not CachedModel(lm).row_exact
+
+
+def test_an_audit_of_a_4_bit_target_calls_every_difference_a_defect(q4_llama, capsys, monkeypatch, tmp_path):
+    """No float32 rerun can excuse a 4-bit target's difference: its methods write `ar`'s bits."""
+    from audit.test_audit import AcceptEveryDraftRule, inject  # noqa: PLC0415
+
+    inject(monkeypatch, "broken-greedy", AcceptEveryDraftRule())
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("5 17 42 9 100 3\n77 12 31 200 8\n")
+    out = tmp_path / "audit.json"
+    argv = ["audit", "--target", str(q4_llama), "--draft", str(q4_llama), "--prompts", str(prompts)]
+    argv += ["--dtype", "q4_1", "--quiet", "--fixed-k", "--max-new-tokens", "24", "--samples", "0"]
+    assert main([*argv, "--methods", "sps,pld,broken-greedy", "--json", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert result["methods"]["sps"]["status"] == "lossless"
+    assert result["methods"]["pld"]["status"] == "lossless"
+    broken = result["methods"]["broken-greedy"]
+    assert broken["status"] == "NOT lossless"
+    assert broken["greedy"]["divergences"] and all(
+        d.get("float32") is None for d in broken["greedy"]["divergences"]
+    )
+
+
 def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):
     argv = ["--target", str(q4_llama), "--draft", str(q4_llama), "--dtype", "q4_1"]
     assert main(["generate", *argv, "--method", "pld", "--max-new-tokens", "8", "--json", "5 17 42"]) == 0

@@ -22,6 +22,7 @@ from draftlab.audit.law import ResampleFromTargetRule, reuse_prefix, sample_pair
 from draftlab.decode.build import build_decoder, warm_compiled_passes
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import DecoderConfig
+from draftlab.models import attention
 from draftlab.models.cached import cached
 from draftlab.models.compiled import RESERVE
 from draftlab.models.loading import LoadedModel, ModelSpec
@@ -65,6 +66,8 @@ class Float32Recheck:
     load: Callable[[ModelSpec], LoadedModel]
 
     def key(self, target: LoadedModel, draft: LoadedModel | None) -> str | None:
+        if attention.scores_rows_alone(target):  # a 4-bit target's tokens are ar's bit for bit
+            return None
         low = {target.spec.dtype, draft.spec.dtype if draft else "float32"} != {"float32"}
         return "float32" if low else None
 
@@ -193,6 +196,8 @@ class Audit:
         # A model that brings its own cache-aware passes (another engine's) runs its own kernels.
         own_passes = getattr(target, "cached_model", None) is not None
         if own_passes or target.is_encoder_decoder or not chosen or not low:
+            return
+        if attention.scores_rows_alone(target):  # its plain greedy check is exact already
             return
         if config_of("ar").exact:
             return

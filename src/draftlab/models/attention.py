@@ -108,6 +108,12 @@ AttentionInterface.register(ROWS, row_attention)
 AttentionMaskInterface.register(ROWS, sdpa_mask)
 
 
+def scores_rows_alone(lm) -> bool:
+    """Whether a loaded model's passes after the prompt score each row with the bits of a
+    one-token pass: a 4-bit model attending by rows (models/q4.py, `attend_by_rows`)."""
+    return bool(getattr(lm, "storage", None)) and lm.model.config._attn_implementation == ROWS
+
+
 def attend_by_rows(model: torch.nn.Module) -> bool:
     """Have a 4-bit model attend with `row_attention` where it would use transformers' sdpa
     attention (not where a user asked for another). Returns whether it does."""

@@ -73,7 +73,7 @@ class CachedModel:
         """Whether every pass after the prompt scores each row with the bits of a one-token pass: a
         4-bit target (models/q4.py) attending by rows (models/attention.py). Its lossless methods
         then write plain decoding's tokens when the prompt, too, goes through alone (decode/loop.py)."""
-        return bool(self.lm.storage) and self.model.config._attn_implementation == attention.ROWS
+        return attention.scores_rows_alone(self.lm)
 
     @property
     def length(self) -> int:

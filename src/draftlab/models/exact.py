@@ -3,7 +3,8 @@
 A pass of several tokens rounds unlike a pass of one: the kernels for a matrix of k rows sum in
 another order than those for one row, and over a growing dynamic cache the attention's reduction
 length changes with the pass too. So a near-tie can flip, and a lossless method writes other tokens
-than plain decoding in bfloat16 or a 4-bit storage. Exact mode removes both causes:
+than plain decoding in bfloat16 (a 4-bit target no longer: its kernels and attention score a row
+as alone, models/attention.py). Exact mode removes both causes:
 
 * every pass runs over a static cache, whose attention always spans the same bucket of slots;
 * every pass after the prompt runs with the same number of rows (`width`): shorter ones, plain

@@ -241,7 +241,8 @@ def load_model(spec: ModelSpec, weights: bool = True) -> LoadedModel:
     if spec.dtype in STORAGES:
         storage = q4.attach(model, spec.name)
         model.to(DTYPES[spec.dtype])
-        attention.attend_by_rows(model)
+        if q4.all_blocks(model):  # a dense matrix left would round rows by their pass anyway
+            attention.attend_by_rows(model)
     return LoadedModel(model, tokenizer, spec, path, _eos_ids(model, tokenizer), storage)
 
 

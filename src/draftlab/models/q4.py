@@ -309,6 +309,12 @@ def apply(model: nn.Module, blocks: dict[str, Q4Blocks]) -> None:
         setattr(parent, child, Q4Linear(b))
 
 
+def all_blocks(model: nn.Module) -> bool:
+    """Whether every matrix of the model runs from blocks (none left dense: a shape the kernel does
+    not take, a head it could not replace), so that every pass's rows round as they would alone."""
+    return not any(isinstance(m, nn.Linear) for m in model.modules())
+
+
 def own_gguf(name: str) -> Path | None:
     """The GGUF whose Q4_1 blocks are the catalogue model `name`'s own weights, or None."""
     from draftlab.models import install  # noqa: PLC0415
