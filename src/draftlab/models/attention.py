@@ -34,12 +34,17 @@ WINDOW_GRAIN = 64
 EVEN_ROW_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def _transformers_only(kwargs: dict) -> bool:
+    """Whether a call asks for what only transformers' own sdpa path computes."""
+    return any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
+
+
 def window_attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs
 ):
     """transformers' sdpa attention over the cache's first `slots` slots (all where None)."""
     key, value, attention_mask = in_window(key, value, attention_mask, slots)
-    if any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks")):
+    if _transformers_only(kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     out = attend(query, key, value, attention_mask, gqa=gqa, scale=scaling, dropout=dropout)
@@ -50,8 +55,7 @@ def row_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     """draftlab's kernel (models/kernels/attend.cpp), whose rows do not depend on the pass they are
     in, on the CPU; `window_attention` for a long prompt, whose matrices run the dense copy (q4.dense)
     and round as a batch anyway."""
-    plain = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
-    if q4.dense(query.shape[2]) or dropout or plain or query.device.type != "cpu":
+    if q4.dense(query.shape[2]) or dropout or _transformers_only(kwargs) or query.device.type != "cpu":
         if slots is None:  # an eager pass: transformers' own, which also reads a mask left out as causal
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

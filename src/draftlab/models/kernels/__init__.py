@@ -22,6 +22,7 @@ import torch
 from draftlab.errors import DraftlabError, first_line
 
 SOURCES = tuple(os.path.join(os.path.dirname(__file__), name) for name in ("quant_mm.cpp", "attend.cpp"))
+HEADERS = (os.path.join(os.path.dirname(__file__), "isa.h"),)
 GROUP = 32
 LANES = 16  # output rows per tile: one AVX-512 vector of float32
 # The paths the kernel takes, by the number it answers `isa` with (quant_mm.cpp's `Isa`).
@@ -32,7 +33,7 @@ ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512-vnni"}
 def digest() -> str:
     """The kernels' source and torch's version: what a build, and a package calling it, depends on."""
     h = hashlib.sha256(torch.__version__.encode())
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         with open(source, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]

@@ -20,13 +20,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <immintrin.h>
 #include <limits>
 #include <type_traits>
-#include <string>
 #include <vector>
+
+#include "isa.h"
 
 namespace {
 
@@ -406,23 +406,9 @@ void attend_items(const Path<T>& path, const at::Tensor& q, const at::Tensor& k,
   }
 }
 
-bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-// The widest path this CPU runs, capped like torch's own kernels by ATEN_CPU_CAPABILITY.
-int64_t attend_isa() {
-  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-  const std::string limit = cap ? cap : "";
-  if (limit != "avx2" && limit != "default" && cpu_has_avx512()) return 2;
-  if (limit != "default" && cpu_has_avx2()) return 1;
-  return 0;
-}
+bool cpu_has_avx512() { return draftlab_isa::cpu_has_avx512(/*vnni=*/false); }
+using draftlab_isa::cpu_has_avx2;
+int64_t attend_isa() { return draftlab_isa::best_isa(/*vnni=*/false); }
 
 template <typename T>
 Path<T> path_for(int64_t isa, int64_t dim) {

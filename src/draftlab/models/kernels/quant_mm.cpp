@@ -18,11 +18,11 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -32,7 +32,10 @@ constexpr int64_t kGroup = 32;
 constexpr int64_t kLanes = 16;
 constexpr int64_t kMaxRows = 8;  // activation rows per sweep over the weights
 
-enum Isa : int64_t { kAuto = -1, kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+using draftlab_isa::kAuto;
+using draftlab_isa::kAvx2;
+using draftlab_isa::kAvx512;
+using draftlab_isa::kScalar;
 
 // Q4_1: 4-bit codes q in 0..15, w = q·d + m. Q8_0: signed 8-bit codes, w = q·d.
 template <bool kQ4>
@@ -306,23 +309,9 @@ void tile_avx512(const Weights& w, const Activations& a, int64_t k, int64_t row0
   }
 }
 
-bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-// The widest path this CPU runs, capped like torch's own kernels by ATEN_CPU_CAPABILITY.
-int64_t best_isa() {
-  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-  const std::string limit = cap ? cap : "";
-  if (limit != "avx2" && limit != "default" && cpu_has_avx512()) return kAvx512;
-  if (limit != "default" && cpu_has_avx2()) return kAvx2;
-  return kScalar;
-}
+bool cpu_has_avx512() { return draftlab_isa::cpu_has_avx512(/*vnni=*/true); }
+using draftlab_isa::cpu_has_avx2;
+int64_t best_isa() { return draftlab_isa::best_isa(/*vnni=*/true); }
 
 template <bool kQ4>
 at::Tensor block_mm(const char* name, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
