@@ -60,6 +60,37 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(s
     assert _off(blocks, eye[:8], q4.Q4Linear(wrong)(eye[:8])) > 0
 
 
+@pytest.mark.parametrize("rows", [3, 12])  # the kernel's rows, then a prompt's dense copy
+def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(rows):
+    gen = torch.Generator().manual_seed(5)
+    alone = [q4.Q4Linear(q4.Q4Blocks.quantize(torch.randn(n, 64, generator=gen) * 0.1)) for n in (32, 16, 48)]
+    module = torch.nn.Module()
+    for name, layer in zip(("q_proj", "k_proj", "v_proj"), alone, strict=True):
+        setattr(module, name, layer)
+    assert q4.share_inputs(module) == 1 and isinstance(module.k_proj, q4.InputShare)
+    x, y = (torch.randn(rows, 64, generator=gen).bfloat16() for _ in range(2))
+    eps = torch.finfo(torch.bfloat16).eps
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Bit for bit from the kernel, whose outputs depend on their own row of blocks only; the
+        prompts' dense copy may sum a longer matrix in another order: its rounding apart."""
+        if rows <= q4.DENSE_ROWS:
+            return torch.equal(a, b)
+        return torch.allclose(a.float(), b.float(), rtol=2 * eps, atol=2 * eps * float(b.abs().max()))
+
+    calls = []
+    stacked = module.q_k_v_blocks.stacked
+    stacked.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        parts = [module.q_proj(x), module.k_proj(x), module.v_proj(x)]
+        assert len(calls) == 1  # one call serves all three
+        for part, layer in zip(parts, alone, strict=True):
+            assert same(part, layer(x))
+        # Another input, or a part asked for twice, is computed anew: never a stale part.
+        assert same(module.q_proj(x), alone[0](x)) and same(module.k_proj(y), alone[1](y))
+        assert same(module.k_proj(y), alone[1](y)) and len(calls) == 4
+
+
 def test_only_shapes_the_kernel_takes_are_quantized():
     assert q4.fits(32, 64) and not q4.fits(172, 64) and not q4.fits(32, 48)
     model = torch.nn.Sequential()
@@ -77,15 +108,19 @@ def test_a_checkpoint_loads_as_q4_1_quantized_and_labelled_so(q4_llama):
     lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
     assert lm.storage == q4.QUANTIZED and lm.fingerprint()["storage"] == q4.QUANTIZED
     assert "q4_1" not in candidate_dtypes(str(q4_llama), "cpu")  # never chosen for the user
-    layers = [m for m in lm.model.modules() if isinstance(m, q4.Q4Linear)]
-    assert len(layers) == 2 * 7  # every matrix of both decoder layers; the tied head stays
+    # Every matrix of both decoder layers runs from blocks (q, k, v and gate, up as one call each);
+    # the tied head stays.
+    names = [f"model.layers.{i}.{hf}" for i in (0, 1) for hf in q4.GGUF_TO_HF.values()]
+    kinds = {type(lm.model.get_submodule(n)).__name__ for n in names}
+    assert kinds == {"Q4Linear", "InputShare"}, kinds
+    assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.model.layers.modules())
     reference = load_model(ModelSpec(str(q4_llama), dtype="float32"))
     with torch.no_grad():
-        for name, module in lm.model.named_modules():
-            if isinstance(module, q4.Q4Linear):  # reads back its own matrix's Q4_1 values
-                want = q4.Q4Blocks.quantize(reference.model.get_submodule(name).weight)
-                eye = torch.eye(module.in_features)
-                assert _off(want, eye, module(eye)) <= 0, name
+        for name in names:  # each reads back its own matrix's Q4_1 values
+            module = lm.model.get_submodule(name)
+            want = q4.Q4Blocks.quantize(reference.model.get_submodule(name).weight)
+            eye = torch.eye(module.in_features)
+            assert _off(want, eye, module(eye)) <= 0, name
         # ... and not another's: two layers' matrices swapped fail the same check.
         up = [lm.model.model.layers[i].mlp.up_proj for i in (0, 1)]
         want = q4.Q4Blocks.quantize(reference.model.model.layers[0].mlp.up_proj.weight)

@@ -85,8 +85,8 @@ PAD_GAIN = 0.9
 RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
 # (models/attention.py). 4: half-precision attention over an even number of query rows. 5: 4-bit
-# layers through draftlab's integer kernel.
-PACKAGE_SCHEMA = 5
+# layers through draftlab's integer kernel. 6: 4-bit matrices that read one input in one call.
+PACKAGE_SCHEMA = 6
 
 
 def static_length(needed: int, limit: int | None = None) -> int:

@@ -178,10 +178,10 @@ class BlockLinear(nn.Module):
 
     storage = ""
 
-    def __init__(self, codes: np.ndarray, dense: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+    def __init__(self, shape: tuple[int, int], dense: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
         super().__init__()
         kernels.load()
-        self.out_features, self.in_features = codes.shape
+        self.out_features, self.in_features = shape
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
         self.dense = dense.to(dense_dtype())
@@ -214,8 +214,22 @@ class Q4Linear(BlockLinear):
     def __init__(self, blocks: Q4Blocks) -> None:
         packed, scales, minima = kernels.pack_q4_1(blocks.codes, blocks.d, blocks.m)
         super().__init__(
-            blocks.codes, blocks.dequantize(), {"packed": packed, "scales": scales, "minima": minima}
+            blocks.codes.shape, blocks.dequantize(), {"packed": packed, "scales": scales, "minima": minima}
         )
+
+    @classmethod
+    def stacked(cls, layers: list[Q4Linear]) -> Q4Linear:
+        """One layer whose outputs are those of `layers` side by side (their tiles stacked: the
+        kernel computes each output from its own row's blocks, so each keeps its bits)."""
+        layer = cls.__new__(cls)
+        rows = sum(m.out_features for m in layers)
+        buffers = {
+            name: torch.cat([getattr(m, name) for m in layers]) for name in ("packed", "scales", "minima")
+        }
+        BlockLinear.__init__(
+            layer, (rows, layers[0].in_features), torch.cat([m.dense for m in layers]), buffers
+        )
+        return layer
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return kernels.q4_1_q8_mm(rows, self.packed, self.scales, self.minima)
@@ -229,7 +243,7 @@ class Q8Head(BlockLinear):
 
     def __init__(self, blocks: Q8Blocks) -> None:
         codes, scales = kernels.pack_q8_0(blocks.codes, blocks.d)
-        super().__init__(blocks.codes, blocks.dequantize(), {"codes": codes, "scales": scales})
+        super().__init__(blocks.codes.shape, blocks.dequantize(), {"codes": codes, "scales": scales})
 
     @property
     def weight(self) -> torch.Tensor:
@@ -239,6 +253,72 @@ class Q8Head(BlockLinear):
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         return kernels.q8_0_q8_mm(rows, self.codes, self.scales)
+
+
+# Matrices of one module that read the same input: an attention's q, k and v, an MLP's gate and up.
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class SharedInput(nn.Module):
+    """Matrices that read the same input, run as one: their blocks stacked, one kernel call (one
+    quantization of the input, one start of the threads) instead of one each. A decoding step
+    made 210 calls, most of them short enough that starting one cost as much as reading its
+    blocks. The model still calls each matrix (`InputShare`); the first call computes all of
+    them and each of the others takes its part, once, if it passes the same tensor."""
+
+    def __init__(self, layers: list[Q4Linear]) -> None:
+        super().__init__()
+        self.stacked = Q4Linear.stacked(layers)
+        self.sizes = [m.out_features for m in layers]
+        # The input the parts were computed for, the parts, and which of them were taken.
+        self._pending: tuple[torch.Tensor, tuple[torch.Tensor, ...], set[int]] | None = None
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        pending = self._pending
+        # By identity: the same tensor object, still held here, so never another one at its address.
+        if pending is None or pending[0] is not x or index in pending[2]:
+            pending = self._pending = (x, self.stacked(x).split(self.sizes, dim=-1), set())
+        pending[2].add(index)
+        if len(pending[2]) == len(self.sizes):
+            self._pending = None
+        return pending[1][index]
+
+
+class InputShare(nn.Module):
+    """One matrix of a `SharedInput`, where the model calls it: its part of the shared call."""
+
+    storage = "q4_1"
+
+    def __init__(self, shared: SharedInput, index: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "shared", shared)  # registered once, on the parent; not a child here
+        self.index = index
+        self.out_features, self.in_features = shared.sizes[index], shared.stacked.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared.part(x, self.index)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, part {self.index} of one call"
+        )
+
+
+def share_inputs(model: nn.Module) -> int:
+    """Run the 4-bit matrices that read the same input as one call each (`SharedInput`); how many
+    groups were made."""
+    made = 0
+    for module in list(model.modules()):
+        for names in SHARED_INPUT:
+            layers = [getattr(module, n, None) for n in names]
+            if not all(isinstance(m, Q4Linear) for m in layers) or len({m.in_features for m in layers}) != 1:
+                continue
+            shared = SharedInput(layers)
+            module.add_module("_".join(n.removesuffix("_proj") for n in names) + "_blocks", shared)
+            for i, name in enumerate(names):
+                setattr(module, name, InputShare(shared, i))
+            made += 1
+    return made
 
 
 def transformers_rows(name: str, rows: int, config) -> np.ndarray:
@@ -351,18 +431,22 @@ def apply_head(model: nn.Module, blocks: Q8Blocks | None) -> None:
 
 def attach(model: nn.Module, name: str) -> str:
     """Run `model`'s linear layers from Q4_1 and its output head from Q8_0, as llama.cpp stores them:
-    a catalogue target's own GGUF blocks where it has them, else its weights quantized here. Returns
-    which (OWN or QUANTIZED), for labels and fingerprints."""
+    a catalogue target's own GGUF blocks where it has them, else its weights quantized here; the
+    matrices that read one input run as one call (`share_inputs`). Returns which (OWN or
+    QUANTIZED), for labels and fingerprints."""
     gguf = own_gguf(name)
     if gguf is not None:
         apply(model, gguf_blocks(gguf, model.config))
         apply_head(model, gguf_head(gguf))
-        return OWN
-    apply(model, quantized_blocks(model))
-    head = model.get_output_embeddings()
-    if isinstance(head, nn.Linear) and fits(*head.weight.shape):
-        apply_head(model, Q8Blocks.quantize(head.weight))
-    return QUANTIZED
+        source = OWN
+    else:
+        apply(model, quantized_blocks(model))
+        head = model.get_output_embeddings()
+        if isinstance(head, nn.Linear) and fits(*head.weight.shape):
+            apply_head(model, Q8Blocks.quantize(head.weight))
+        source = QUANTIZED
+    share_inputs(model)
+    return source
 
 
 @functools.lru_cache(maxsize=8)
