@@ -46,9 +46,11 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(s
     blocks = _blocks(64, 96, scale)
     layer = q4.Q4Linear(blocks)
     eye = torch.eye(96)
-    # One-hot rows read single weights back: a decoding step (the int4 kernel) and a prompt longer
-    # than DENSE_ROWS (the bfloat16 copy) alike.
-    for x in (eye[:8], eye.repeat(2, 1)[: q4.DENSE_ROWS + 20]):
+    # One-hot rows read single weights back: a decoding step, a prompt (the kernel) and a prompt
+    # longer than dense_rows() (the bfloat16 copy) alike.
+    longest = q4.dense_rows()
+    assert q4.dense(longest + 1) and not q4.dense(longest)
+    for x in (eye[:8], eye.repeat(2, 1)[:100], eye.repeat(longest // 96 + 2, 1)[: longest + 20]):
         assert _off(blocks, x, layer(x)) <= 0
     x = torch.randn(5, 96)
     # Dense inputs: the kernel's float32 sum over 96 products adds its own rounding.
@@ -60,7 +62,9 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(s
     assert _off(blocks, eye[:8], q4.Q4Linear(wrong)(eye[:8])) > 0
 
 
-@pytest.mark.parametrize("rows", [3, 12])  # the kernel's rows, then a prompt's dense copy
+@pytest.mark.parametrize(
+    "rows", [3, 40, 600]
+)  # a step's, a prompt's (the kernel), a long prompt's (the copy)
 def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(rows):
     gen = torch.Generator().manual_seed(5)
     alone = [q4.Q4Linear(q4.Q4Blocks.quantize(torch.randn(n, 64, generator=gen) * 0.1)) for n in (32, 16, 48)]
@@ -74,7 +78,7 @@ def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(row
     def same(a: torch.Tensor, b: torch.Tensor) -> bool:
         """Bit for bit from the kernel, whose outputs depend on their own row of blocks only; the
         prompts' dense copy may sum a longer matrix in another order: its rounding apart."""
-        if rows <= q4.DENSE_ROWS:
+        if not q4.dense(rows):
             return torch.equal(a, b)
         return torch.allclose(a.float(), b.float(), rtol=2 * eps, atol=2 * eps * float(b.abs().max()))
 
@@ -183,7 +187,8 @@ def test_greedy_methods_write_plain_decodings_tokens_in_q4_1(q4_llama, capsys, h
     """The methods of our loop, chains and a token tree, on a 4-bit target and draft: `ar`'s tokens,
     without --exact. (The tiny model's logits lie close: near-ties are common.)"""
     argv = ["--target", str(q4_llama), "--draft", str(q4_llama), "--dtype", "q4_1", *how]
-    prompt = " ".join(str((31 * i + 7) % 256) for i in range(40))
+    # A prompt after which this random model writes no end-of-sequence token within 24.
+    prompt = " ".join(str((37 * i + 11) % 256) for i in range(40))
     tokens = {}
     for method in ("ar", "sps", "pld", "sps-tree"):
         assert main(["generate", *argv, "--method", method, "--max-new-tokens", "24", "--json", prompt]) == 0
@@ -287,6 +292,23 @@ def test_the_default_targets_own_blocks_are_its_checkpoint():
     assert lm.storage == q4.OWN
     # Its own blocks make the 4-bit storage a candidate of --dtype auto on a CPU.
     assert "q4_1" in candidate_dtypes("smollm2-135m-instruct", "cpu")
+
+
+@pytest.mark.parametrize(
+    "flags, rows",
+    [
+        (["avx2", "avx512f", "avx512_bf16"], 512),
+        (["avx2"], 512),
+        (["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"], 8),
+    ],
+)
+def test_prompts_run_the_kernels_unless_the_cpu_multiplies_bfloat16_in_amx_tiles(monkeypatch, flags, rows):
+    from draftlab import hardware
+
+    monkeypatch.setattr(hardware, "cpu_model_and_flags", lambda: ("synthetic", "synthetic", flags))
+    for ceiling in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(ceiling, raising=False)
+    assert q4.dense_rows.__wrapped__() == rows
 
 
 @pytest.mark.parametrize("native, want", [(True, torch.bfloat16), (False, torch.float32)])

@@ -53,9 +53,14 @@ def window_attention(
 
 def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs):
     """draftlab's kernel (models/kernels/attend.cpp), whose rows do not depend on the pass they are
-    in, on the CPU; `window_attention` for a long prompt, whose matrices run the dense copy (q4.dense)
-    and round as a batch anyway."""
-    if q4.dense(query.shape[2]) or dropout or _transformers_only(kwargs) or query.device.type != "cpu":
+    in, on the CPU; `window_attention` for a prompt (q4.attends_by_rows), which goes through alone
+    and whose rows no other pass repeats."""
+    if (
+        not q4.attends_by_rows(query.shape[2])
+        or dropout
+        or _transformers_only(kwargs)
+        or query.device.type != "cpu"
+    ):
         if slots is None:  # an eager pass: transformers' own, which also reads a mask left out as causal
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

@@ -108,7 +108,11 @@ class LoadedModel:
             "parameters": self.num_parameters,
             "dtype": self.spec.dtype,
             **(
-                {"storage": self.storage, "prompts": str(q4.dense_dtype()), "kernel": kernels.version()}
+                {
+                    "storage": self.storage,
+                    "prompts": f"{q4.dense_dtype()} past {q4.dense_rows()} tokens",
+                    "kernel": kernels.version(),
+                }
                 if self.storage
                 else {}
             ),

@@ -5,11 +5,12 @@ bytes of bfloat16, not a quantized variant of it.
 Q4_1 (ggml): blocks of 32 weights along the input dimension, each a float16 scale `d`, a float16 minimum
 `m` and 16 bytes of 4-bit codes `q`, low nibbles first; a weight is `q·d + m`.
 
-Steps and verification passes (up to DENSE_ROWS tokens) run draftlab's own kernel (models/kernels):
-the activations quantized to 8 bits per block of 32 (llama.cpp's q8_1), integer sums inside a block,
-the GGUF's own d and m outside it. Its cost barely grows with the rows (the codes are unpacked once
-per pass), and a row's output does not depend on what else the pass holds. Prompts run a dense copy
-of the same weights. The output head runs from the GGUF's Q8_0 blocks (its tied embedding) through
+Steps, verification passes and prompts (up to `dense_rows()` tokens) run draftlab's own kernel
+(models/kernels): the activations quantized to 8 bits per block of 32 (llama.cpp's q8_1), integer
+sums inside a block, the GGUF's own d and m outside it. Its cost barely grows with the rows of a
+short pass (the codes are unpacked once per pass), a row's output does not depend on what else the
+pass holds, and its 8-bit products outrun bfloat16 ones on a long pass too. Longer prompts run a
+dense copy of the same weights. The output head runs from the GGUF's Q8_0 blocks (its tied embedding) through
 the same kernels; the input embedding stays as loaded.
 
 A checkpoint without Q4_1 blocks (a user's bfloat16 folder) can be quantized to Q4_1 here (gguf-py's own
@@ -36,8 +37,15 @@ ROWS = kernels.LANES  # the kernel takes output rows in tiles of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # float16 d, 32 signed codes
 STORAGE = "q4_1"
-# Prompts longer than this run a dense copy (Q4Linear): a long pass is bound by arithmetic, not bytes.
-DENSE_ROWS = 8
+# Prompts longer than this run a dense copy (Q4Linear) where the CPU has no AMX (`dense_rows`).
+# On a Zen4 (2 threads, AVX-512 VNNI) the kernel's 8-bit products ran the target's matrices at
+# about 200 G multiply-adds a second over 32 to 512 rows, the bfloat16 copy at 95 (32 rows) to 160
+# (512); under AVX2 ceilings 86-172 against float32's 42-160. A whole prompt's pass: 40 tokens 67
+# against 115 ms, 120 tokens 182 against 213, 300 tokens 447 against 493, 600 tokens 914 against 892.
+DENSE_ROWS = 512
+# Rows of a pass that attend with draftlab's kernel before the prompt is in (a prompt's own pass
+# attends with transformers' sdpa, faster over many rows: 600 tokens 1.37 s against 0.91).
+ROW_ATTENTION = 8
 # Set while a pass after the prompt runs (models/cached.py): then every pass, however long, runs
 # the kernels, whose rows round as they would alone, and lossless methods write plain decoding's bits.
 _ROWWISE: contextvars.ContextVar[bool] = contextvars.ContextVar("draftlab_rowwise", default=False)
@@ -53,9 +61,25 @@ def rowwise():
         _ROWWISE.reset(token)
 
 
+@functools.cache
+def dense_rows() -> int:
+    """The longest pass the kernels run outside `rowwise`: DENSE_ROWS, or 8 where the CPU
+    multiplies bfloat16 in AMX tiles, whose dense products are several times a vector unit's (not
+    measured here: no AMX CPU was at hand)."""
+    from draftlab.hardware import cpu_model_and_flags, effective_isa  # noqa: PLC0415
+
+    return 8 if "amx_bf16" in effective_isa(cpu_model_and_flags()[2]) else DENSE_ROWS
+
+
 def dense(rows: int) -> bool:
-    """Whether a pass of this many rows runs the dense copy: a prompt longer than DENSE_ROWS."""
-    return rows > DENSE_ROWS and not _ROWWISE.get()
+    """Whether a pass of this many rows runs the dense copy: a prompt longer than `dense_rows()`."""
+    return rows > dense_rows() and not _ROWWISE.get()
+
+
+def attends_by_rows(rows: int) -> bool:
+    """Whether a pass of this many rows attends with draftlab's row kernel: every pass after the
+    prompt (`rowwise`), and passes of up to ROW_ATTENTION rows."""
+    return rows <= ROW_ATTENTION or _ROWWISE.get()
 
 
 OWN = "the GGUF's own Q4_1 blocks"
@@ -170,9 +194,9 @@ def dense_dtype() -> torch.dtype:
 class BlockLinear(nn.Module):
     """A bias-free linear layer over GGUF blocks packed for draftlab's kernels (models/kernels).
 
-    Passes of up to DENSE_ROWS tokens (every decoding step and every compiled verification) run the
-    integer kernel over the packed codes. Longer ones (prompts) run a copy of the same values made
-    once at load (`dense_dtype`): a long pass is bound by arithmetic, not bytes. The copy is a plain
+    Passes of up to `dense_rows()` tokens (every decoding step and verification, most prompts) run
+    the integer kernel over the packed codes. Longer prompts run a copy of the same values made once
+    at load (`dense_dtype`), where the CPU's dense products catch up with it. The copy is a plain
     attribute, not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read
     it. Outputs are bfloat16, the dtype the rest of the model computes in."""
 
