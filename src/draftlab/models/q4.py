@@ -40,8 +40,9 @@ STORAGE = "q4_1"
 # Prompts longer than this run a dense copy (Q4Linear) where the CPU has no AMX (`dense_rows`).
 # On a Zen4 (2 threads, AVX-512 VNNI) the kernel's 8-bit products ran the target's matrices at
 # about 200 G multiply-adds a second over 32 to 512 rows, the bfloat16 copy at 95 (32 rows) to 160
-# (512); under AVX2 ceilings 86-172 against float32's 42-160. A whole prompt's pass: 40 tokens 67
-# against 115 ms, 120 tokens 182 against 213, 300 tokens 447 against 493, 600 tokens 914 against 892.
+# (512); under AVX2 ceilings 86-103 against float32's 42-71 (32-256 rows). A prompt's pass as the
+# loop runs it (its last row's logits): 40 / 120 / 300 / 500 tokens 44 / 114 / 312 / 459 ms against
+# 68 / 144 / 333 / 561 (docs/results.md, stop 65).
 DENSE_ROWS = 512
 # Rows of a pass that attend with draftlab's kernel before the prompt is in (a prompt's own pass
 # attends with transformers' sdpa, faster over many rows: 600 tokens 1.37 s against 0.91).
