@@ -56,7 +56,8 @@ inline __attribute__((always_inline)) float exp_nonpositive(float x) {
 }
 
 // What a path computes, for G query heads of one key head (`qf`: G rows of `padded` floats, zero
-// past dim) over the n slots a row sees (`seen`), in the order they come:
+// past dim) over the n slots a row sees (`seen`), in the order they come, from the keys and values
+// in float32 (converted exactly, once per key head and thread: `attend_items`):
 //   dots:    w[g·n + i] = fma(q_g · k_seen[i], scale, add[i]), each dot product over 16 lanes
 //            (lane j takes dims j, j + 16, ...: a product, then fused multiply-adds), the lanes then
 //            summed as a tree (j + 8, then j + 4, j + 2, j + 1);
@@ -64,14 +65,13 @@ inline __attribute__((always_inline)) float exp_nonpositive(float x) {
 //            the lanes summed by the same tree;
 //   weigh:   acc[g·padded + d] = Σ_i w[g·n + i] · v_seen[i][d], in order of i (fused multiply-adds).
 // The vector paths run 16 slots at a time and sum 8 dot products' lanes at once (`tree8`), in the
-// same tree. `scratch` holds 16 slots' keys or values in float32.
-template <typename T>
+// same tree. `scratch` holds one key zero-padded to `padded` (the scalar path's).
 struct Path {
-  void (*dots)(const float* qf, int64_t heads, int64_t padded, const T* keys, int64_t slot_stride,
+  void (*dots)(const float* qf, int64_t heads, int64_t padded, const float* keys, int64_t slot_stride,
                const int64_t* seen, int64_t n, int64_t dim, float scale, const float* add, float* w, float* scratch);
   float (*softmax)(float* w, int64_t n);
-  void (*weigh)(const float* w, int64_t heads, int64_t padded, const T* values, int64_t slot_stride,
-                const int64_t* seen, int64_t n, int64_t dim, float* acc, float* scratch);
+  void (*weigh)(const float* w, int64_t heads, int64_t padded, const float* values, int64_t slot_stride,
+                const int64_t* seen, int64_t n, int64_t dim, float* acc);
 };
 
 inline float tree16(float* lane) {
@@ -82,13 +82,12 @@ inline float tree16(float* lane) {
 }
 
 // ---- The reference, one lane at a time.
-template <typename T>
-void dots_scalar(const float* qf, int64_t heads, int64_t padded, const T* keys, int64_t slot_stride,
+void dots_scalar(const float* qf, int64_t heads, int64_t padded, const float* keys, int64_t slot_stride,
                  const int64_t* seen, int64_t n, int64_t dim, float scale, const float* add, float* w, float* kf) {
   for (int64_t d = dim; d < padded; ++d) kf[d] = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
-    const T* k = keys + seen[i] * slot_stride;
-    for (int64_t d = 0; d < dim; ++d) kf[d] = static_cast<float>(k[d]);
+    const float* k = keys + seen[i] * slot_stride;
+    for (int64_t d = 0; d < dim; ++d) kf[d] = k[d];
     for (int64_t g = 0; g < heads; ++g) {
       const float* q = qf + g * padded;
       float part[kLanes];
@@ -114,15 +113,14 @@ float softmax_scalar(float* w, int64_t n) {
   return lane_sum_tail(lane, w, 0, n);
 }
 
-template <typename T>
-void weigh_scalar(const float* w, int64_t heads, int64_t padded, const T* values, int64_t slot_stride,
-                  const int64_t* seen, int64_t n, int64_t dim, float* acc, float*) {
+void weigh_scalar(const float* w, int64_t heads, int64_t padded, const float* values, int64_t slot_stride,
+                  const int64_t* seen, int64_t n, int64_t dim, float* acc) {
   for (int64_t i = 0; i < n; ++i) {
-    const T* v = values + seen[i] * slot_stride;
+    const float* v = values + seen[i] * slot_stride;
     for (int64_t g = 0; g < heads; ++g) {
       const float p = w[g * n + i];
       float* a = acc + g * padded;
-      for (int64_t d = 0; d < dim; ++d) a[d] = std::fma(p, static_cast<float>(v[d]), a[d]);
+      for (int64_t d = 0; d < dim; ++d) a[d] = std::fma(p, v[d], a[d]);
     }
   }
 }
@@ -187,44 +185,29 @@ DL_EXP8(DL_TARGET_AVX2, exp8_avx2)
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));                     \
     }                                                                                                   \
   }
-DL_LOAD8(DL_TARGET_AVX512, load8_avx512)
 DL_LOAD8(DL_TARGET_AVX2, load8_avx2)
 
-// The slots i0.. i0 + m of `seen` as float32 rows of dim, into `block`.
-#define DL_CONVERT(TARGET, NAME, LOAD8)                                                                         \
-  template <typename T>                                                                                         \
-  __attribute__((target(TARGET), always_inline)) inline void NAME(const T* base, int64_t slot_stride,          \
-                                                                  const int64_t* seen, int64_t m, int64_t dim, \
-                                                                  float* block) {                               \
-    for (int64_t e = 0; e < m; ++e) {                                                                           \
-      const T* row = base + seen[e] * slot_stride;                                                              \
-      for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(block + e * dim + d, LOAD8(row + d));              \
-    }                                                                                                           \
-  }
-DL_CONVERT(DL_TARGET_AVX512, convert_avx512, load8_avx512)
-DL_CONVERT(DL_TARGET_AVX2, convert_avx2, load8_avx2)
-
 // ---- AVX-512 (16 lanes in one register) and AVX2 (two registers of 8).
-template <typename T, int C>
+template <int C>
 __attribute__((target(DL_TARGET_AVX512))) void dots_avx512(const float* qf, int64_t heads, int64_t padded,
-                                                           const T* keys, int64_t slot_stride, const int64_t* seen,
+                                                           const float* keys, int64_t slot_stride, const int64_t* seen,
                                                            int64_t n, int64_t dim, float scale, const float* add,
-                                                           float* w, float* block) {
+                                                           float* w, float*) {
   const int64_t chunks = C > 0 ? C : dim / kLanes;
   for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
     const int64_t m = std::min(kLanes, n - i0);
-    convert_avx512(keys, slot_stride, seen + i0, m, dim, block);
+    // Past the last slot (m < 16), the first slot's key stands in: those dot products are not kept,
+    // and the loop below then has no branch, so its 16 chains unroll and overlap.
+    const float* k[kLanes];
+    for (int64_t e = 0; e < kLanes; ++e) k[e] = keys + seen[i0 + (e < m ? e : 0)] * slot_stride;
     for (int64_t g = 0; g < heads; ++g) {
       __m512 qv[kMaxChunks];
       for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(qf + g * padded + c * kLanes);
       __m256 half[2][8];
+#pragma GCC unroll 16
       for (int64_t e = 0; e < kLanes; ++e) {
-        __m512 part = _mm512_setzero_ps();
-        if (e < m) {
-          const float* k = block + e * dim;
-          part = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-          for (int64_t c = 1; c < chunks; ++c) part = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + c * kLanes), part);
-        }
+        __m512 part = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[e]));
+        for (int64_t c = 1; c < chunks; ++c) part = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k[e] + c * kLanes), part);
         half[e / 8][kTreeSlot[e % 8]] = _mm256_add_ps(
             _mm512_castps512_ps256(part), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(part), 1)));
       }
@@ -236,22 +219,21 @@ __attribute__((target(DL_TARGET_AVX512))) void dots_avx512(const float* qf, int6
   }
 }
 
-template <typename T, int C>
+template <int C>
 __attribute__((target(DL_TARGET_AVX2))) void dots_avx2(const float* qf, int64_t heads, int64_t padded,
-                                                       const T* keys, int64_t slot_stride, const int64_t* seen,
+                                                       const float* keys, int64_t slot_stride, const int64_t* seen,
                                                        int64_t n, int64_t dim, float scale, const float* add,
-                                                       float* w, float* block) {
+                                                       float* w, float*) {
   const int64_t chunks = C > 0 ? C : dim / kLanes;
   for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
     const int64_t m = std::min(kLanes, n - i0);
-    convert_avx2(keys, slot_stride, seen + i0, m, dim, block);
     for (int64_t g = 0; g < heads; ++g) {
       const float* q = qf + g * padded;
       __m256 half[2][8];
       for (int64_t e = 0; e < kLanes; ++e) {
         __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
         if (e < m) {
-          const float* k = block + e * dim;
+          const float* k = keys + seen[i0 + e] * slot_stride;
           lo = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
           hi = _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_loadu_ps(k + 8));
           for (int64_t c = 1; c < chunks; ++c) {
@@ -299,32 +281,43 @@ __attribute__((target(DL_TARGET_AVX2))) void dots_avx2(const float* qf, int64_t 
 DL_SOFTMAX(DL_TARGET_AVX512, softmax_avx512, exp8_avx512)
 DL_SOFTMAX(DL_TARGET_AVX2, softmax_avx2, exp8_avx2)
 
-// Head by head, 16 slots at a time (their values converted once), every lane of the head at once.
-#define DL_WEIGH(TARGET, NAME, CONVERT)                                                                    \
-  template <typename T, int C>                                                                             \
-  __attribute__((target(TARGET))) void NAME(const float* w, int64_t heads, int64_t padded, const T* values, \
-                                            int64_t slot_stride, const int64_t* seen, int64_t n,           \
-                                            int64_t dim, float* acc, float* block) {                      \
+// Head by head, slot after slot, every lane of the head at once (element-wise: AVX-512 and AVX2 alike).
+#define DL_WEIGH(TARGET, NAME)                                                                             \
+  template <int C>                                                                                         \
+  __attribute__((target(TARGET))) void NAME(const float* w, int64_t heads, int64_t padded,                 \
+                                            const float* values, int64_t slot_stride, const int64_t* seen, \
+                                            int64_t n, int64_t dim, float* acc) {                          \
     const int64_t vecs = (C > 0 ? C * kLanes : dim) / 8;                                                    \
-    for (int64_t i0 = 0; i0 < n; i0 += kLanes) {                                                           \
-      const int64_t m = std::min(kLanes, n - i0);                                                          \
-      CONVERT(values, slot_stride, seen + i0, m, dim, block);                                              \
-      for (int64_t g = 0; g < heads; ++g) {                                                                \
-        float* a = acc + g * padded;                                                                       \
-        __m256 sum[2 * kMaxChunks];                                                                        \
-        for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_loadu_ps(a + c * 8);                            \
-        for (int64_t e = 0; e < m; ++e) {                                                                  \
-          const __m256 p = _mm256_set1_ps(w[g * n + i0 + e]);                                              \
-          for (int64_t c = 0; c < vecs; ++c) {                                                             \
-            sum[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(block + e * dim + c * 8), sum[c]);                 \
-          }                                                                                                \
-        }                                                                                                  \
-        for (int64_t c = 0; c < vecs; ++c) _mm256_storeu_ps(a + c * 8, sum[c]);                            \
+    for (int64_t g = 0; g < heads; ++g) {                                                                  \
+      float* a = acc + g * padded;                                                                         \
+      __m256 sum[2 * kMaxChunks];                                                                          \
+      for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_loadu_ps(a + c * 8);                              \
+      for (int64_t i = 0; i < n; ++i) {                                                                    \
+        const float* v = values + seen[i] * slot_stride;                                                   \
+        const __m256 p = _mm256_set1_ps(w[g * n + i]);                                                     \
+        for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + c * 8), sum[c]); \
       }                                                                                                    \
+      for (int64_t c = 0; c < vecs; ++c) _mm256_storeu_ps(a + c * 8, sum[c]);                              \
     }                                                                                                      \
   }
-DL_WEIGH(DL_TARGET_AVX512, weigh_avx512, convert_avx512)
-DL_WEIGH(DL_TARGET_AVX2, weigh_avx2, convert_avx2)
+template <int C>
+__attribute__((target(DL_TARGET_AVX512))) void weigh_avx512(const float* w, int64_t heads, int64_t padded,
+                                                            const float* values, int64_t slot_stride,
+                                                            const int64_t* seen, int64_t n, int64_t dim, float* acc) {
+  const int64_t vecs = C > 0 ? C : dim / kLanes;
+  for (int64_t g = 0; g < heads; ++g) {
+    float* a = acc + g * padded;
+    __m512 sum[kMaxChunks];
+    for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm512_loadu_ps(a + c * kLanes);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* v = values + seen[i] * slot_stride;
+      const __m512 p = _mm512_set1_ps(w[g * n + i]);
+      for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + c * kLanes), sum[c]);
+    }
+    for (int64_t c = 0; c < vecs; ++c) _mm512_storeu_ps(a + c * kLanes, sum[c]);
+  }
+}
+DL_WEIGH(DL_TARGET_AVX2, weigh_avx2)
 
 struct Shape {
   int64_t batch, heads, kv_heads, rows, slots, dim;
@@ -349,12 +342,51 @@ inline bool visible(M value, float& add) {
   }
 }
 
+// One key head's keys or values as float32 rows of `dim`, contiguous.
+#define DL_TO_FLOAT(TARGET, NAME, LOAD8)                                                                      \
+  template <typename T>                                                                                      \
+  __attribute__((target(TARGET))) void NAME(const T* src, int64_t slot_stride, int64_t slots, int64_t dim, \
+                                            float* dst) {                                                    \
+    for (int64_t s = 0; s < slots; ++s) {                                                                    \
+      for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(dst + s * dim + d, LOAD8(src + s * slot_stride + d)); \
+    }                                                                                                        \
+  }
+DL_TO_FLOAT(DL_TARGET_AVX2, to_float_avx2, load8_avx2)
+
+// 16 values a register where the head size allows.
+template <typename T>
+__attribute__((target(DL_TARGET_AVX512))) void to_float_avx512(const T* src, int64_t slot_stride, int64_t slots,
+                                                                int64_t dim, float* dst) {
+  if (dim % kLanes != 0) return to_float_avx2<T>(src, slot_stride, slots, dim, dst);
+  for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t d = 0; d < dim; d += kLanes) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + s * slot_stride + d));
+      __m512 x;
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      } else {
+        x = _mm512_cvtph_ps(raw);
+      }
+      _mm512_storeu_ps(dst + s * dim + d, x);
+    }
+  }
+}
+
+template <typename T>
+void to_float(const T* x, int64_t slot_stride, int64_t slots, int64_t dim, int64_t isa, float* y) {
+  if (isa == 2 && dim % 8 == 0) return to_float_avx512<T>(x, slot_stride, slots, dim, y);
+  if (isa == 1 && dim % 8 == 0) return to_float_avx2<T>(x, slot_stride, slots, dim, y);
+  for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t d = 0; d < dim; ++d) y[s * dim + d] = static_cast<float>(x[s * slot_stride + d]);
+  }
+}
+
 // Items of `split` heads of one key head's group, for one row: out is [batch, rows, heads, dim].
 template <typename T, typename M>
-void attend_items(const Path<T>& path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& mask, at::Tensor& out, const Shape& sh, float scale, int64_t split,
+void attend_items(const Path& path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& mask, at::Tensor& out, const Shape& sh, float scale, int64_t split, int64_t isa,
                   int64_t begin, int64_t end) {
-  const Strides qs(q), ks(k), vs(v);
+  const Strides qs(q), ks(k);
   const bool masked = mask.defined();
   const Strides ms = masked ? Strides(mask) : Strides(q);
   const T* qp = q.data_ptr<T>();
@@ -366,7 +398,19 @@ void attend_items(const Path<T>& path, const at::Tensor& q, const at::Tensor& k,
   const int64_t chunks = group / split;
   std::vector<int64_t> seen(sh.slots);
   std::vector<float> add(sh.slots), w(split * sh.slots), qf(split * padded), acc(split * padded),
-      block(kLanes * padded);
+      scratch(padded);
+  // The key head's keys and values in float32, converted when a thread's items reach another key
+  // head (items of one key head are consecutive): once or twice per key head and call. Converting
+  // them per item instead cost 8 rows' attention 2x (each row, each query head converted them all).
+  // Reused across calls, so a pass's 30 layers do not fault in fresh pages each.
+  static thread_local std::vector<float> buffer;
+  const float* keys = nullptr;
+  const float* values = nullptr;
+  int64_t stride = ks.r, held = -1;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (static_cast<int64_t>(buffer.size()) < 2 * sh.slots * sh.dim) buffer.resize(2 * sh.slots * sh.dim);
+    stride = sh.dim;
+  }
   for (int64_t item = begin; item < end; ++item) {
     const int64_t chunk = item % chunks, r = (item / chunks) % sh.rows, kvh = (item / (chunks * sh.rows)) % sh.kv_heads;
     const int64_t b = item / (chunks * sh.rows * sh.kv_heads), h0 = kvh * group + chunk * split;
@@ -391,12 +435,21 @@ void attend_items(const Path<T>& path, const at::Tensor& q, const at::Tensor& k,
     std::fill(acc.begin(), acc.end(), 0.0f);
     float total[kMaxGroup];
     if (n > 0) {
-      const T* keys = kp + b * ks.b + kvh * ks.h;
-      const T* values = vp + b * vs.b + kvh * vs.h;
-      path.dots(qf.data(), split, padded, keys, ks.r, seen.data(), n, sh.dim, scale, add.data(), w.data(),
-                block.data());
+      const int64_t at = b * ks.b + kvh * ks.h;
+      if constexpr (std::is_same_v<T, float>) {
+        keys = kp + at;
+        values = vp + at;
+      } else if (held != b * sh.kv_heads + kvh) {
+        to_float<T>(kp + at, ks.r, sh.slots, sh.dim, isa, buffer.data());
+        to_float<T>(vp + at, ks.r, sh.slots, sh.dim, isa, buffer.data() + sh.slots * sh.dim);
+        keys = buffer.data();
+        values = buffer.data() + sh.slots * sh.dim;
+        held = b * sh.kv_heads + kvh;
+      }
+      path.dots(qf.data(), split, padded, keys, stride, seen.data(), n, sh.dim, scale, add.data(), w.data(),
+                scratch.data());
       for (int64_t g = 0; g < split; ++g) total[g] = path.softmax(w.data() + g * n, n);
-      path.weigh(w.data(), split, padded, values, ks.r, seen.data(), n, sh.dim, acc.data(), block.data());
+      path.weigh(w.data(), split, padded, values, stride, seen.data(), n, sh.dim, acc.data());
     }
     for (int64_t g = 0; g < split; ++g) {
       T* o = op + ((b * sh.rows + r) * sh.heads + h0 + g) * sh.dim;
@@ -410,23 +463,22 @@ bool cpu_has_avx512() { return draftlab_isa::cpu_has_avx512(/*vnni=*/false); }
 using draftlab_isa::cpu_has_avx2;
 int64_t attend_isa() { return draftlab_isa::best_isa(/*vnni=*/false); }
 
-template <typename T>
-Path<T> path_for(int64_t isa, int64_t dim) {
+Path path_for(int64_t isa, int64_t dim) {
   if (dim % kLanes != 0 || dim > kLanes * kMaxChunks) isa = 0;
   // The common head sizes with their loops unrolled.
-  if (isa == 2 && dim == 64) return {&dots_avx512<T, 4>, &softmax_avx512, &weigh_avx512<T, 4>};
-  if (isa == 2 && dim == 128) return {&dots_avx512<T, 8>, &softmax_avx512, &weigh_avx512<T, 8>};
-  if (isa == 2) return {&dots_avx512<T, 0>, &softmax_avx512, &weigh_avx512<T, 0>};
-  if (isa == 1 && dim == 64) return {&dots_avx2<T, 4>, &softmax_avx2, &weigh_avx2<T, 4>};
-  if (isa == 1 && dim == 128) return {&dots_avx2<T, 8>, &softmax_avx2, &weigh_avx2<T, 8>};
-  if (isa == 1) return {&dots_avx2<T, 0>, &softmax_avx2, &weigh_avx2<T, 0>};
-  return {&dots_scalar<T>, &softmax_scalar, &weigh_scalar<T>};
+  if (isa == 2 && dim == 64) return {&dots_avx512<4>, &softmax_avx512, &weigh_avx512<4>};
+  if (isa == 2 && dim == 128) return {&dots_avx512<8>, &softmax_avx512, &weigh_avx512<8>};
+  if (isa == 2) return {&dots_avx512<0>, &softmax_avx512, &weigh_avx512<0>};
+  if (isa == 1 && dim == 64) return {&dots_avx2<4>, &softmax_avx2, &weigh_avx2<4>};
+  if (isa == 1 && dim == 128) return {&dots_avx2<8>, &softmax_avx2, &weigh_avx2<8>};
+  if (isa == 1) return {&dots_avx2<0>, &softmax_avx2, &weigh_avx2<0>};
+  return {&dots_scalar, &softmax_scalar, &weigh_scalar};
 }
 
 template <typename T, typename M>
 void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, at::Tensor& out,
               const Shape& sh, float scale, int64_t isa) {
-  const Path<T> path = path_for<T>(isa, sh.dim);
+  const Path path = path_for(isa, sh.dim);
   const int64_t group = sh.heads / sh.kv_heads;
   // Heads per item: a whole group shares each key and value it loads, but a pass of few rows then
   // has too few items to share among the threads; one head each then.
@@ -437,7 +489,7 @@ void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   if (sh.batch * sh.kv_heads * sh.rows < 4 * at::get_num_threads()) split = 1;
   const int64_t items = sh.batch * sh.heads / split * sh.rows;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    attend_items<T, M>(path, q, k, v, mask, out, sh, scale, split, begin, end);
+    attend_items<T, M>(path, q, k, v, mask, out, sh, scale, split, isa, begin, end);
   });
 }
 
