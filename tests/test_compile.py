@@ -179,6 +179,26 @@ def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
             assert got.stats.accepted > 0 and got.stats.rollbacks > 10
 
 
+def test_a_draft_model_drafts_through_its_own_compiled_passes(story_model, stories):
+    """sps under --compile: a draft model that is not the target's own model object runs its passes
+    from its own packages over its own static cache (the default draft's eager step cost as much as
+    the 4-bit target's compiled one); a draft that is the target's object stays eager, since the
+    target's passes fill that object's one static cache."""
+    ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
+    plain = build_decoder(DecoderConfig(method="ar"), story_model).generate(ids, 100, GREEDY)
+    config = DecoderConfig(method="sps", compile=True, fixed_k=True)
+    draft = load_model(ModelSpec(str(stories), dtype="float32"))  # the same weights, another object
+    decoder = build_decoder(config, story_model, draft)
+    steps = decoder.proposer.draft.compiled
+    assert steps is not None and steps is not decoder.target.compiled
+    got = decoder.generate(ids, 100, GREEDY)
+    assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, "sps with a compiled draft")
+    assert steps.calls > got.stats.drafted // 2  # its drafting passes ran through its package
+    # The target's own weights draft: nearly every draft is its next token.
+    assert got.stats.accepted >= 0.8 * got.stats.drafted > 0
+    assert build_decoder(config, story_model, story_model).proposer.draft.compiled is None
+
+
 def test_compiled_passes_give_the_eager_features(story_model):
     """An EAGLE head drafts from the hidden states of the target's passes: a compiled pass (padded or
     not) must hand over the eager pass's features of its real tokens, and only theirs."""

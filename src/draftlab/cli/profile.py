@@ -22,6 +22,7 @@ from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
+from draftlab.models.cached import compiles
 from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec, candidate_dtypes, compute_dtype
 from draftlab.models.profile import load_or_measure, profile_dir
@@ -171,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         results["engine"] = args.engine
     else:
         chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
+        if ways[chosen] == "compiled" and draft_name is not None:
+            _compiled_draft(console, args, results, draft_name, chosen, bandwidth)
         results["dtype_choice"] = {
             "dtype": chosen,
             "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
@@ -189,6 +192,25 @@ def run(args: argparse.Namespace) -> int:
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
+
+
+def _compiled_draft(console: Console, args, results: dict, name: str, dtype: str, bandwidth) -> None:
+    """The draft's compiled passes, as bench drafts beside the target compiled in `dtype`, in the
+    same bucket: so that bench builds no draft package either."""
+    device = args.draft_device or args.device
+    draft = load_spec(ModelSpec(name, compute_dtype(dtype), device, args.attn_implementation))
+    if not compiles(draft):
+        return
+    target_device = args.target_device or args.device
+    target = load_spec(
+        ModelSpec(args.target or DEFAULT_TARGET, dtype, target_device, args.attn_implementation)
+    )
+    need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
+    try:
+        _profile(console, args, results, "draft", draft, bandwidth, compiled=True, bucket_need=need)
+    except DraftlabError as error:  # bench then drafts eagerly, priced by the eager profile
+        console.print(f"[yellow]no compiled profile of {name} ({draft.spec.dtype}): {error}[/]")
+        results.setdefault("compile_failed", {})[f"draft/{draft.spec.dtype}"] = str(error)
 
 
 def _profile(

@@ -401,6 +401,19 @@ def crop_sequence(tokens: list[int], cache, length: int) -> bool:
     return True
 
 
+def compiles(lm) -> bool:
+    """Whether `lm`'s passes can run from compiled packages: a decoder-only transformers model (not
+    another engine's, which brings its own passes, nor an encoder-decoder)."""
+    return getattr(lm, "cached_model", None) is None and not lm.is_encoder_decoder
+
+
+def draft_compiles(draft, target) -> bool:
+    """Whether a draft model's passes can run compiled beside its compiled target: one that compiles
+    and is not the target's own model object, whose static cache (one per bucket and model,
+    models/compiled.py) the target's passes fill."""
+    return compiles(draft) and getattr(draft, "model", None) is not getattr(target, "model", None)
+
+
 def cached(lm, use_cache: bool = True, compiled: bool = False, exact: bool = False):
     """The cache-aware model the decode loop drives: a `CachedModel` for a transformers model, or
     the model's own (llama.cpp's) when it brings one, with the same start / forward / crop."""

@@ -7,6 +7,7 @@ import math
 from rich.console import Console
 
 from draftlab.decode.cost import CostModel
+from draftlab.models.cached import draft_compiles
 from draftlab.models.loading import LoadedModel, ModelSpec, load_model
 from draftlab.models.profile import (
     FULL_SIZES,
@@ -75,7 +76,8 @@ def cost_model(
     """The machine's cost model for this pair, or None when rounds are not sized from it.
 
     `compiled`: the target runs its compiled passes (--compile), which cost otherwise than eager
-    ones; the draft stays eager."""
+    ones, and so does a draft model that can (drafters/draft_model/build.py)."""
     if fixed_k:
         return None
-    return CostModel(machine_profile(target, compiled).curve, machine_profile(draft).curve if draft else None)
+    second = machine_profile(draft, compiled and draft_compiles(draft, target)).curve if draft else None
+    return CostModel(machine_profile(target, compiled).curve, second)
