@@ -192,19 +192,6 @@ def test_a_probe_at_once_is_only_taken_where_it_is_cheap():
     assert cheap.choose(256, 6).k >= 1
 
 
-def test_a_probe_pays_the_drafts_catch_up():
-    """A lazily prefilled draft lags by the prompt until it first drafts: a probe then pays that
-    catch-up pass too, so it probes at once only where all of it costs at most a plain step more."""
-    lagging = CostCurve([1, 2, 16], [64, 1024], [[3.0, 3.3, 6.0]] * 2, [16, 1024], [6.0, 120.0])
-    cost = CostModel(HEAD_LIKE.target, lagging)
-    for pending, probes in ((2, True), (585, False)):
-        sizer = RoundSizer(cost, k_max=6, free_drafts=False)
-        sizer.start()
-        sizer.observe(1, 0)  # the run so far: nothing accepted, so k = 0 is chosen
-        choice = sizer.choose(256, 6, pending=pending)
-        assert choice.probe is probes and choice.k == int(probes), (pending, choice)
-
-
 def test_the_shadow_scores_a_proposal_against_what_the_target_wrote():
     shadow = Shadow()
     shadow.begin([5, 6, 7], "3-gram")

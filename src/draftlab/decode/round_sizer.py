@@ -280,10 +280,7 @@ class RoundSizer:
         if k > 0:
             self._probe_next = False  # drafting on its own evidence: no probe owed
         elif not self.free_drafts and limit > 0:
-            # The draft's catch-up included, as the tree sizer prices it: a lazily prefilled draft
-            # lags by the prompt, and a probe priced as a 2-token catch-up took `sps compiled` to
-            # 15.5 ms a token on a 585-token prompt against plain decoding's 8.0 (AMD Zen4).
-            extra = self.cost.draft_ms(1, context, pending) + self.cost.verify_ms(2, context) - plain
+            extra = self.cost.draft_ms(1, context) + self.cost.verify_ms(2, context) - plain
             if self._due_probe(extra, plain):
                 tokens = expected_tokens(alphas, 1)
                 cost = draft_ms(1, context) + verify_ms(2, context)
