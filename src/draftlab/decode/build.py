@@ -35,7 +35,7 @@ def compiled_passes(config: DecoderConfig) -> tuple[int, ...]:
 
 def warm_compiled_passes(decoder, needed: int, config: DecoderConfig, on_pass=None) -> None:
     """Get every package a compiled decoder runs over the bucket that holds `needed` ready, untimed:
-    the target's, and an EAGLE head's where it drafts (its passes: one token, a tree level)."""
+    the target's, and a compiled drafter's (an EAGLE head or a draft model: one token, a tree level)."""
     sizer = getattr(decoder, "sizer", None)
     steps = decoder.target.compiled
     exact = config.exact and steps is not None

@@ -173,19 +173,17 @@ DL_EXP8(DL_TARGET_AVX512, exp8_avx512)
 DL_EXP8(DL_TARGET_AVX2, exp8_avx2)
 
 // 8 values of T as float32.
-#define DL_LOAD8(TARGET, NAME)                                                                          \
-  template <typename T>                                                                                 \
-  __attribute__((target(TARGET), always_inline)) inline __m256 NAME(const T* p) {                      \
-    if constexpr (std::is_same_v<T, float>) {                                                           \
-      return _mm256_loadu_ps(p);                                                                        \
-    } else if constexpr (std::is_same_v<T, at::BFloat16>) {                                             \
-      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); \
-      return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));                                          \
-    } else {                                                                                            \
-      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));                     \
-    }                                                                                                   \
+template <typename T>
+__attribute__((target(DL_TARGET_AVX2), always_inline)) inline __m256 load8_avx2(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  } else {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-DL_LOAD8(DL_TARGET_AVX2, load8_avx2)
+}
 
 // ---- AVX-512 (16 lanes in one register) and AVX2 (two registers of 8).
 template <int C>
@@ -282,24 +280,24 @@ DL_SOFTMAX(DL_TARGET_AVX512, softmax_avx512, exp8_avx512)
 DL_SOFTMAX(DL_TARGET_AVX2, softmax_avx2, exp8_avx2)
 
 // Head by head, slot after slot, every lane of the head at once (element-wise: AVX-512 and AVX2 alike).
-#define DL_WEIGH(TARGET, NAME)                                                                             \
-  template <int C>                                                                                         \
-  __attribute__((target(TARGET))) void NAME(const float* w, int64_t heads, int64_t padded,                 \
-                                            const float* values, int64_t slot_stride, const int64_t* seen, \
-                                            int64_t n, int64_t dim, float* acc) {                          \
-    const int64_t vecs = (C > 0 ? C * kLanes : dim) / 8;                                                    \
-    for (int64_t g = 0; g < heads; ++g) {                                                                  \
-      float* a = acc + g * padded;                                                                         \
-      __m256 sum[2 * kMaxChunks];                                                                          \
-      for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_loadu_ps(a + c * 8);                              \
-      for (int64_t i = 0; i < n; ++i) {                                                                    \
-        const float* v = values + seen[i] * slot_stride;                                                   \
-        const __m256 p = _mm256_set1_ps(w[g * n + i]);                                                     \
-        for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + c * 8), sum[c]); \
-      }                                                                                                    \
-      for (int64_t c = 0; c < vecs; ++c) _mm256_storeu_ps(a + c * 8, sum[c]);                              \
-    }                                                                                                      \
+template <int C>
+__attribute__((target(DL_TARGET_AVX2))) void weigh_avx2(const float* w, int64_t heads, int64_t padded,
+                                                        const float* values, int64_t slot_stride,
+                                                        const int64_t* seen, int64_t n, int64_t dim, float* acc) {
+  const int64_t vecs = (C > 0 ? C * kLanes : dim) / 8;
+  for (int64_t g = 0; g < heads; ++g) {
+    float* a = acc + g * padded;
+    __m256 sum[2 * kMaxChunks];
+    for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_loadu_ps(a + c * 8);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* v = values + seen[i] * slot_stride;
+      const __m256 p = _mm256_set1_ps(w[g * n + i]);
+      for (int64_t c = 0; c < vecs; ++c) sum[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + c * 8), sum[c]);
+    }
+    for (int64_t c = 0; c < vecs; ++c) _mm256_storeu_ps(a + c * 8, sum[c]);
   }
+}
+
 template <int C>
 __attribute__((target(DL_TARGET_AVX512))) void weigh_avx512(const float* w, int64_t heads, int64_t padded,
                                                             const float* values, int64_t slot_stride,
@@ -317,7 +315,6 @@ __attribute__((target(DL_TARGET_AVX512))) void weigh_avx512(const float* w, int6
     for (int64_t c = 0; c < vecs; ++c) _mm512_storeu_ps(a + c * kLanes, sum[c]);
   }
 }
-DL_WEIGH(DL_TARGET_AVX2, weigh_avx2)
 
 struct Shape {
   int64_t batch, heads, kv_heads, rows, slots, dim;
@@ -343,15 +340,13 @@ inline bool visible(M value, float& add) {
 }
 
 // One key head's keys or values as float32 rows of `dim`, contiguous.
-#define DL_TO_FLOAT(TARGET, NAME, LOAD8)                                                                      \
-  template <typename T>                                                                                      \
-  __attribute__((target(TARGET))) void NAME(const T* src, int64_t slot_stride, int64_t slots, int64_t dim, \
-                                            float* dst) {                                                    \
-    for (int64_t s = 0; s < slots; ++s) {                                                                    \
-      for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(dst + s * dim + d, LOAD8(src + s * slot_stride + d)); \
-    }                                                                                                        \
+template <typename T>
+__attribute__((target(DL_TARGET_AVX2))) void to_float_avx2(const T* src, int64_t slot_stride, int64_t slots,
+                                                           int64_t dim, float* dst) {
+  for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(dst + s * dim + d, load8_avx2(src + s * slot_stride + d));
   }
-DL_TO_FLOAT(DL_TARGET_AVX2, to_float_avx2, load8_avx2)
+}
 
 // 16 values a register where the head size allows.
 template <typename T>
