@@ -490,6 +490,22 @@ def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp
     assert cost_model(False, lm, None, compiled=True).target.ms == curves[True].ms
     # What the two curves decide: verifying 4 drafts costs 1.03x a plain step eager, 2.4x compiled.
     assert verify_slope(curves[False], 4, 64) < 1.1 < 2 < verify_slope(curves[True], 4, 64)
+    # A draft model prices its passes by the profile of the way it runs: compiled beside a compiled
+    # target when it is a model object of its own, eager otherwise (its passes then run eagerly).
+    draft = load_model(ModelSpec(str(tiny_pair["llama"][1]), dtype="float32"))
+    draft_curves = {
+        False: CostCurve([1, 2, 4, 8], [64, 256], [[4.0, 4.2, 4.5, 5.0]] * 2),
+        True: CostCurve([1, 2, 4, 8], [64, 256], [[0.5, 0.6, 0.8, 1.2]] * 2),
+    }
+    for compiled, curve in draft_curves.items():
+        save(draft, Profile(draft.fingerprint(compiled), curve, 1, 0.0, "2026-11-26T00:00:02"))
+    assert cost_model(False, lm, draft).draft.ms == draft_curves[False].ms
+    assert cost_model(False, lm, draft, compiled=True).draft.ms == draft_curves[True].ms
+    assert cost_model(False, lm, lm, compiled=True).draft.ms == curves[False].ms, "the target's own object"
+    # What they decide: a 4-token draft costs 3.2x the compiled step eager, 0.4x compiled.
+    priced = {c: cost_model(False, lm, draft, compiled=c) for c in (False, True)}
+    assert priced[True].draft_ms(4, 64) < 0.5 * 5.0 < 3 * 5.0 < priced[False].draft_ms(4, 64)
+    assert cost_model(True, lm, draft, compiled=True) is None, "fixed k: rounds are not sized"
 
 
 def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(story_model):
