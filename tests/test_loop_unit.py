@@ -530,9 +530,9 @@ class FakeSizer:
     def clock(self):
         return time.perf_counter()  # looked up per call: a test may replace it
 
-    def choose(self, context, limit, kind=None, pending=2):
+    def choose(self, context, limit, kind=None, pending=2, remaining=None):
         k = min(self.ks.pop(0), limit)
-        self.log.append(("choose", context, limit, kind, pending))
+        self.log.append(("choose", context, limit, kind, pending, remaining))
         return Choice(k, 1.0 + k, 2.0 + k, 1.5, self.probe and k == 0)
 
     def observe(self, drafted, accepted, kind=None, probe=False):
@@ -570,7 +570,12 @@ def test_a_sized_draft_model_round_proposes_the_chosen_k():
     assert s.predicted_plain_ms == 1.5 * 8.0
     assert s.probes == 0
     chooses = [e for e in sizer.log if e[0] == "choose"]
-    assert chooses == [("choose", 1, 7, None, 1), ("choose", 4, 4, None, 0), ("choose", 5, 3, None, 1)]
+    # The tokens left to write come along: what a lagging draft's catch-up must be repaid over.
+    assert chooses == [
+        ("choose", 1, 7, None, 1, 7),
+        ("choose", 4, 4, None, 0, 4),
+        ("choose", 5, 3, None, 1, 3),
+    ]
     observes = [e for e in sizer.log if e[0] == "observe"]
     assert observes == [
         ("observe", 2, 2, None, False),
@@ -649,8 +654,8 @@ class FakeTreeSizer(TreeSizer):
         self.log.append(("preview", proposal.tokens, context))
         return (1.5, 2)
 
-    def wants_draft(self, context, depth, pending, base):
-        self.log.append(("wants_draft", context, depth, pending, base))
+    def wants_draft(self, context, depth, pending, base, remaining=None):
+        self.log.append(("wants_draft", context, depth, pending, base, remaining))
         return self.wants
 
     def expand_threshold(self, context):
@@ -760,7 +765,7 @@ def test_a_draft_tree_round_asks_the_sizer_whether_to_draft():
     out = dec.generate([5], 3, GREEDY)
     assert out.tokens == chain(5, 3)
     # No lookup part: the base is a plain step's (1 token, 0 nodes); the draft is used.
-    assert ("wants_draft", 1, 3, 3, (1.0, 0)) in sizer.log
+    assert ("wants_draft", 1, 3, 3, (1.0, 0), 3) in sizer.log  # 3 tokens left to write
     assert proposer.lookups == []
     assert proposer.seen == [(True, 1.25)]
     assert ("tree_draft_ms", 1, 3) in sizer.log
@@ -794,7 +799,7 @@ def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
     assert out.tokens == chain(5, 3)
     assert proposer.lookups == [1]
     assert ("preview", [5], 1) in sizer.log
-    assert ("wants_draft", 1, 3, 3, (1.5, 2)) in sizer.log
+    assert ("wants_draft", 1, 3, 3, (1.5, 2), 3) in sizer.log
     # Proposes without the draft, and the draft's time is not counted.
     assert proposer.seen == [(False, 1.25)]
     assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log

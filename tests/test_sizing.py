@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -12,10 +13,11 @@ from tolerance import assert_greedy_equal, sum_tol
 
 from draftlab.decode.build import build_decoder
 from draftlab.decode.cost import CostModel, break_even_alpha, choose_k, expected_tokens
-from draftlab.decode.round_sizer import Choice, RoundSizer, parent_kind
+from draftlab.decode.round_sizer import CATCH_UP_SHARE, Choice, RoundSizer, parent_kind
 from draftlab.decode.shadows import Shadow, Shadows
 from draftlab.decode.spec import DecoderConfig
 from draftlab.decode.timing import TickClock
+from draftlab.decode.tree_sizer import TreeSizer
 from draftlab.models.cost_curve import CostCurve
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import load_cached, load_or_measure, measure, profile_path
@@ -190,6 +192,60 @@ def test_a_probe_at_once_is_only_taken_where_it_is_cheap():
     assert cheap.choose(256, 6).probe
     cheap.observe(1, 1, probe=True)
     assert cheap.choose(256, 6).k >= 1
+
+
+def test_a_draft_catches_up_on_the_prompt_only_where_the_answer_left_repays_it():
+    """A lazily prefilled draft lags by the prompt until its first pass. That catch-up (70 ms for 585
+    tokens here, against a 30 ms plain step) is paid once: a probe is priced with it, and a probe or
+    a first draft where the run knows nothing yet pays it only where it is at most CATCH_UP_SHARE
+    of the plain time left."""
+    lagging = CostCurve([1, 2, 16], [64, 1024], [[3.0, 3.3, 6.0]] * 2, [16, 1024], [6.0, 120.0])
+    cost = CostModel(HEAD_LIKE.target, lagging)
+    catch_up = lagging.prefill(585) - lagging.forward_ms(2, 256)
+    assert catch_up > 2 * 30.0
+
+    def chain_probes(pending: int, remaining: int | None, known: bool) -> bool:
+        sizer = RoundSizer(cost, k_max=6, free_drafts=False)
+        sizer.start()
+        if known:
+            sizer.observe(1, 0)  # the run so far: nothing accepted, so k = 0 is chosen
+        choice = sizer.choose(256, 6, pending=pending, remaining=remaining)
+        assert choice.k == int(choice.probe), choice
+        return choice.probe
+
+    def tree_drafts(pending: int, remaining: int | None) -> bool:
+        trees = TreeSizer(cost, depth=6, width=2, free_drafts=False)
+        trees.start()
+        return trees.wants_draft(256, 6, pending, remaining=remaining) is None  # nothing known yet
+
+    for pending, remaining, known, probes in [
+        (2, 18, True, True),  # cheap enough to probe at once
+        (585, 18, True, False),
+        (585, 18, False, False),  # the answer left cannot repay the catch-up, even to find out
+        (585, 256, False, True),  # the run knows nothing yet: find out
+        (585, 256, True, False),  # it does: a 76 ms probe waits for its budgeted gap
+    ]:
+        assert chain_probes(pending, remaining, known) is probes, (pending, remaining, known)
+        if not known:
+            assert tree_drafts(pending, remaining) is probes, (pending, remaining)
+    # Knowing nothing excuses the catch-up, not a probe that is dear in itself (a steep curve).
+    steep = RoundSizer(CostModel(STEEP, lagging), k_max=6, free_drafts=False)
+    steep.start()
+    assert not steep.choose(256, 6, pending=2, remaining=10_000).probe
+    # The share is the line: just under and just over it.
+    line = catch_up / (CATCH_UP_SHARE * 30.0)
+    assert chain_probes(585, math.ceil(line), known=False) and not chain_probes(585, math.floor(line), False)
+
+    # With evidence, the catch-up counts toward the probing budget: it spaces probes out.
+    def rounds_to_first_probe(pending: int) -> int:
+        sizer = RoundSizer(cost, k_max=6, free_drafts=False)
+        sizer.start()
+        sizer.observe(1, 0)
+        return next(
+            n for n in range(1, 10_000) if sizer.choose(256, 6, pending=pending, remaining=10_000).probe
+        )
+
+    assert rounds_to_first_probe(2) == 1 and rounds_to_first_probe(585) > 50
 
 
 def test_the_shadow_scores_a_proposal_against_what_the_target_wrote():

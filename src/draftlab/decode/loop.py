@@ -232,7 +232,7 @@ class SpeculativeDecoder:
         if sizer is None:
             return self._draft(sequence, min(self.gamma, budget), params, sampler), None
         if not sizer.free_drafts:
-            choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence))
+            choice = sizer.choose(len(sequence), budget, pending=proposer.lag(sequence), remaining=budget)
             proposal = self._draft(sequence, choice.k, params, sampler) if choice.k else Proposal()
             return proposal, choice
         # Free drafts: propose first, then verify only the share that pays. An unused proposal
@@ -268,7 +268,7 @@ class SpeculativeDecoder:
             base = (
                 sizer.preview(proposer.lookup_tree(sequence), len(sequence)) if self.lookup_part else (1.0, 0)
             )
-            plain = sizer.wants_draft(len(sequence), depth, pending, base)
+            plain = sizer.wants_draft(len(sequence), depth, pending, base, remaining=budget)
             proposer.use_draft = plain is None
             if plain is not None and not self.lookup_part:
                 return Proposal(parents=[]), plain

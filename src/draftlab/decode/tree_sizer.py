@@ -199,7 +199,12 @@ class TreeSizer(RoundSizer):
         return level / verify_ms(1, context)
 
     def wants_draft(
-        self, context: int, limit: int, pending: int = 2, base: tuple[float, int] = (1.0, 0)
+        self,
+        context: int,
+        limit: int,
+        pending: int = 2,
+        base: tuple[float, int] = (1.0, 0),
+        remaining: int | None = None,
     ) -> Choice | None:
         """Before a draft-model tree: None to draft, or the plain step to take instead.
 
@@ -210,13 +215,15 @@ class TreeSizer(RoundSizer):
         verify_ms, _ = self._costs()
         plain = self.cost.verify_ms(1, context)
         self.evidence.rounds += 1
+        plain_step = Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
         if limit <= 0:
-            return Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
+            return plain_step
         drafted = self.evidence.tree_draft_gain
         base_tokens, base_n = base
         without = base_tokens / verify_ms(base_n + 1, context)
-        if not drafted:
-            return None  # nothing known yet: find out
+        catch_up = self.catch_up_ms(context, pending) * self.calibration["draft"]
+        if not drafted:  # nothing known yet: find out, where the draft's catch-up is cheap enough
+            return None if self.catch_up_pays(catch_up, remaining, plain) else plain_step
         gain, nodes, _ = drafted
         draft_ms = self.tree_draft_ms(context, pending)
         with_draft = (base_tokens + gain) / (verify_ms(base_n + round(nodes) + 1, context) + draft_ms)
@@ -224,10 +231,10 @@ class TreeSizer(RoundSizer):
             self._probe_next = False
             return None
         extra = draft_ms + verify_ms(base_n + round(nodes) + 1, context) - verify_ms(base_n + 1, context)
-        if self._due_probe(extra, plain):
+        if self.catch_up_pays(catch_up, remaining, plain) and self._due_probe(extra, plain):
             self._probing = True
             return None
-        return Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
+        return plain_step
 
     def _budget(self, proposal, context: int) -> tuple[list[float], int, float, float]:
         """(node values, best budget N, E[tokens | N], predicted ms of verifying N + 1 tokens)."""
