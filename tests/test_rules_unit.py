@@ -402,17 +402,19 @@ def test_bild_infinite_threshold_never_rolls_back():
     assert rule.verify(Proposal([0, 0], fell_back=True), logits, GREEDY, None) == Verdict(2, 3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_argmax_rows_is_torch_argmax_first_of_ties(dtype):
-    """Greedy verification's argmax (numpy's on CPU float32) picks what torch.argmax picks: the first
-    of equal maxima, in every row; a NaN wins, as in torch."""
+    """Greedy verification's argmax (numpy's on CPU, over half precision widened to float32) picks
+    what torch.argmax picks: the first of equal maxima, in every row (-0 ties +0); a NaN wins."""
     from draftlab.sampling import argmax_rows
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 4, (64, 50), generator=gen).to(dtype)  # small ints: many tied maxima
     logits[5, 7] = float("nan")
+    logits[6] = -1.0
+    logits[6, 2], logits[6, 4] = -0.0, 0.0
     want = torch.argmax(logits, dim=-1).tolist()
-    assert want[5] == 7 and len(set(want)) > 1
+    assert want[5] == 7 and want[6] == 2 and len(set(want)) > 1
     assert argmax_rows(logits) == want
     assert argmax_rows(logits[3]) == [want[3]]
     with torch.inference_mode():  # the decode loop's logits are inference tensors

@@ -27,6 +27,7 @@ from draftlab.models.cost_curve import (
     Profile,
 )
 from draftlab.models.loading import LoadedModel
+from draftlab.sampling import argmax_rows
 
 # The ISA features that decide how a CPU multiplies bfloat16 / float16 matrices.
 FULL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
@@ -151,11 +152,11 @@ def _plain_step_factor(
     ratios = []
     for _ in range(max(repeats, 2)):
         runner.start([0])
-        last = int(runner.forward(ids(prompt), keep=1)[-1].argmax())
+        last = argmax_rows(runner.forward(ids(prompt), keep=1)[-1])[0]
 
         def decode(last: int = last) -> None:
-            for _ in range(steps):
-                last = int(runner.forward([last], keep=1)[-1].argmax())
+            for _ in range(steps):  # the token picked as the decode loop picks it
+                last = argmax_rows(runner.forward([last], keep=1)[-1])[0]
 
         elapsed = _timed(decode, device)
         predicted = sum(curve.forward_ms(1, prompt + i) for i in range(steps))
