@@ -278,13 +278,18 @@ def test_generate_checks_the_prompt_first():
         dec.generate([3], 0, GREEDY)
 
 
-def test_devices_include_the_draft_models():
+def test_the_clock_waits_for_the_cuda_devices_of_target_and_draft():
+    """The devices a clock reading synchronizes: the CUDA ones among the target's and the draft
+    model's, once each (a CPU's work is done when its call returns)."""
     dec = SpeculativeDecoder(FakeTarget(), TableProposer(), SpeculativeRule())
-    assert dec._devices() == [torch.device("cpu")]
+    assert dec._devices() == []
     proposer = TableProposer()
-    proposer.draft = SimpleNamespace(device=torch.device("meta"))
+    proposer.draft = SimpleNamespace(device=torch.device("cuda", 1))
     dec = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule())
-    assert dec._devices() == [torch.device("cpu"), torch.device("meta")]
+    assert dec._devices() == [torch.device("cuda", 1)]
+    target = FakeTarget()
+    target.device = torch.device("cuda", 1)
+    assert SpeculativeDecoder(target, proposer, SpeculativeRule())._devices() == [torch.device("cuda", 1)]
 
 
 # --- generate: chains ------------------------------------------------------------------------------

@@ -76,11 +76,13 @@ class SpeculativeDecoder:
         self._draft_s = 0.0  # time in the proposer this round (_draft)
 
     def _devices(self) -> list[torch.device]:
-        devices = [self.target.device]
+        """The devices a clock reading must wait for: the CUDA ones (a CPU's work is done when
+        its call returns, and the clock is read several times a round)."""
+        devices = {torch.device(self.target.device)}
         draft = getattr(self.proposer, "draft", None)
         if draft is not None:
-            devices.append(draft.device)
-        return devices
+            devices.add(torch.device(draft.device))
+        return [d for d in devices if d.type == "cuda"]
 
     def check_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         if not prompt_ids:

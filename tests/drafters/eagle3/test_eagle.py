@@ -250,3 +250,25 @@ def test_profile_prices_a_head_beside_its_target(llama, tmp_path, capsys, monkey
     assert {"target/float32", "head/float32"} == set(data["profiles"])
     head = data["profiles"]["head/float32"]["curve"]
     assert all(ms > 0 for row in head["ms"] for ms in row)
+
+
+def test_the_heads_rows_grow_without_copying_their_history_and_replace_their_tail():
+    """The head's per-position features and outputs (`Rows`): a write from a position replaces
+    everything after it, past the buffer's first size too, and a cut forgets the tail."""
+    from draftlab.drafters.eagle3.cached import Rows
+    from draftlab.errors import DraftlabError
+
+    rows = Rows(3, torch.float32, torch.device("cpu"))
+    history = torch.arange(300 * 3, dtype=torch.float32).reshape(300, 3)
+    rows.put(0, history[:200])
+    rows.put(200, history[200:])  # grows past the first 256 rows, keeping the first 200
+    assert len(rows) == 300 and torch.equal(rows.view(), history)
+    rows.put(100, -history[:5])  # a rewrite from position 100 drops everything after it
+    assert len(rows) == 105 and torch.equal(rows.view()[:100], history[:100])
+    assert torch.equal(rows[104], -history[4])
+    rows.cut(50)
+    assert len(rows) == 50 and torch.equal(rows.view(), history[:50])
+    with pytest.raises(IndexError):
+        rows[50]
+    with pytest.raises(DraftlabError, match="rows from 60, but only 50"):
+        rows.put(60, history[:1])
