@@ -28,6 +28,8 @@
 
 #include "isa.h"
 
+using draftlab_isa::load8_avx2;
+
 namespace {
 
 constexpr int64_t kLanes = 16;
@@ -172,18 +174,6 @@ DL_TREE8(DL_TARGET_AVX2, tree8_avx2)
 DL_EXP8(DL_TARGET_AVX512, exp8_avx512)
 DL_EXP8(DL_TARGET_AVX2, exp8_avx2)
 
-// 8 values of T as float32.
-template <typename T>
-__attribute__((target(DL_TARGET_AVX2), always_inline)) inline __m256 load8_avx2(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-}
 
 // ---- AVX-512 (16 lanes in one register) and AVX2 (two registers of 8).
 template <int C>

@@ -45,6 +45,8 @@ inline void fetch_ahead(const uint8_t* p) {
 }
 
 using draftlab_isa::kAuto;
+using draftlab_isa::load16_avx512;
+using draftlab_isa::load8_avx2;
 using draftlab_isa::kAvx2;
 using draftlab_isa::kAvx512;
 using draftlab_isa::kScalar;
@@ -94,17 +96,6 @@ Activations quantize(const T* x, int64_t rows, int64_t k) {
 // step is exact (max, |x|) or rounded as the scalar one is (the same division, product, and
 // conversion to the nearest integer, ties to even), so the codes and scales are the same bits. The
 // scalar loop's nearbyint, a libm call per value, took most of an 8-token pass's kernel time.
-template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) __m512 load16_avx512(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-  } else {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-}
 
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) Activations quantize_avx512(const T* x, int64_t rows,
@@ -130,17 +121,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) Activations quantize_a
   return a;
 }
 
-template <typename T>
-__attribute__((target("avx2,fma,f16c"))) __m256 load8_avx2(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-  } else {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-}
 
 template <typename T>
 __attribute__((target("avx2,fma,f16c"))) Activations quantize_avx2(const T* x, int64_t rows, int64_t k) {
