@@ -57,6 +57,34 @@ def test_every_path_gives_the_same_bits_as_the_scalar_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_the_largest_codes_times_the_largest_activations_sum_exactly(fmt):
+    """Every code at its largest magnitude against activations at +-127: the integer sums the vector
+    paths keep in 16 bits (AVX2 adds a Q4_1 block's eight groups before widening) must not saturate."""
+    rows, cols = 32, 256
+    top = 15 if fmt == "q4_1" else 127
+    codes = np.full((rows, cols), top, np.int64)
+    codes[1::2] = 0 if fmt == "q4_1" else -127  # odd rows: the other end of the range
+    ones = np.ones((rows, cols // 32), np.float16)
+    blocks = (
+        q4.Q4Blocks(codes.astype(np.uint8), ones, np.zeros_like(ones))
+        if fmt == "q4_1"
+        else q4.Q8Blocks(codes.astype(np.int8), ones)
+    )
+    x = torch.ones(4, cols)
+    x[1] = -1
+    x[2, ::2] = -1  # signs alternating within each group of 4
+    x[3, :128] = -1
+    reference = _mm(x, blocks, 0)
+    for isa in (i for i in EVERY_PATH if _runs(i)):
+        assert torch.equal(_mm(x, blocks, isa), reference), kernels.ISA_NAMES[isa]
+    # Each activation quantizes to +-127 with scale 1/127: the exact products are the codes times the signs.
+    want = x.double() @ torch.from_numpy(codes).double().T
+    assert float((reference.double() - want).abs().max()) <= sum_tol(
+        cols // 32 + 1, torch.float32, top * cols
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_row_gets_the_same_bits_whatever_else_the_pass_holds(fmt):
     """Passes of 1 to 9 tokens (9 crosses the kernel's sweep of 8 rows): each row as alone."""
     blocks = _blocks(fmt, 48, 128, seed=1)
