@@ -11,7 +11,7 @@ import pytest
 from draftlab.hardware import compile_skip_reason
 from draftlab.models.compiled import choose_bucket, keep_longest, static_length
 from draftlab.models.cost_curve import CostCurve, Profile, pick_dtype
-from draftlab.models.loading import ModelSpec, load_model
+from draftlab.models.loading import ModelSpec, draft_dtype, load_model
 from draftlab.models.profile import save
 from draftlab.plan import dtypes as common
 
@@ -41,6 +41,13 @@ def test_half_precision_packages_are_built_only_with_native_units(flags, bf16, f
     if not bf16:
         reason = compile_skip_reason("bfloat16", flags)
         assert "bfloat16 is emulated" in reason and "avx512_bf16 or amx_bf16" in reason
+    # A draft beside the 4-bit target computes as it does, or in float32 where that is emulated (it
+    # would run eagerly at half the target's step); a GPU's draft always follows the target.
+    assert draft_dtype("q4_1", "cpu", flags) == ("bfloat16" if bf16 else "float32")
+    assert draft_dtype("bfloat16", "cpu", flags) == ("bfloat16" if bf16 else "float32")
+    assert draft_dtype("float16", "cpu", flags) == ("float16" if fp16 else "float32")
+    assert draft_dtype("float32", "cpu", flags) == "float32"
+    assert draft_dtype("bfloat16", "cuda:0", flags) == "bfloat16"
 
 
 def test_one_package_per_model_serves_every_shorter_context():

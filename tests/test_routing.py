@@ -45,8 +45,11 @@ def write_profile(path: str, dtype: str, curve: CostCurve) -> None:
 
 @pytest.fixture
 def profiles(tmp_path, monkeypatch):
-    """An empty profile cache of this test's own, and the dtypes the 'CPU' supports."""
+    """An empty profile cache of this test's own, and the dtypes the 'CPU' supports, natively (a draft
+    follows the target's dtype)."""
     monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    native = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16"]
+    monkeypatch.setattr("draftlab.models.loading.effective_isa", lambda flags: native)
 
     def supports(*dtypes: str) -> None:
         monkeypatch.setattr("draftlab.models.loading.supported_dtypes", lambda device: list(dtypes))

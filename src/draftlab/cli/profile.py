@@ -24,7 +24,7 @@ from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
 from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
 from draftlab.models.cached import compiles
 from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
-from draftlab.models.loading import ModelSpec, candidate_dtypes, compute_dtype
+from draftlab.models.loading import ModelSpec, candidate_dtypes, draft_dtype
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
 from draftlab.plan.profiles import load_spec
@@ -198,7 +198,7 @@ def _compiled_draft(console: Console, args, results: dict, name: str, dtype: str
     """The draft's compiled passes, as bench drafts beside the target compiled in `dtype`, in the
     same bucket: so that bench builds no draft package either."""
     device = args.draft_device or args.device
-    draft = load_spec(ModelSpec(name, compute_dtype(dtype), device, args.attn_implementation))
+    draft = load_spec(ModelSpec(name, draft_dtype(dtype, device), device, args.attn_implementation))
     if not compiles(draft):
         return
     target_device = args.target_device or args.device
@@ -262,14 +262,15 @@ def _settings(args: argparse.Namespace, target_name: str, draft_name: str | None
         return
     for dtype in dtypes:
         names = [("target", target_name)] + ([("draft", draft_name)] if draft_name else [])
-        # A 4-bit target's draft computes in the storage's dtype, as bench runs it (plan/roles.load_draft).
+        # A 4-bit target's draft computes in the storage's dtype (or float32 where the CPU emulates
+        # it), as bench runs it (plan/roles.load_draft).
         models = [
             (
                 role,
                 load_spec(
                     ModelSpec(
                         n,
-                        dtype if role == "target" else compute_dtype(dtype),
+                        dtype if role == "target" else draft_dtype(dtype, device),
                         device,
                         args.attn_implementation,
                     )

@@ -23,7 +23,15 @@ from transformers import (
 )
 
 from draftlab.errors import DraftlabError, first_line
-from draftlab.hardware import PROFILE_SCHEMA, hardware, kernel_env, supported_dtypes
+from draftlab.hardware import (
+    PROFILE_SCHEMA,
+    compile_skip_reason,
+    cpu_model_and_flags,
+    effective_isa,
+    hardware,
+    kernel_env,
+    supported_dtypes,
+)
 from draftlab.models import attention, kernels, q4, registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -136,6 +144,19 @@ def compute_dtype(dtype: str) -> str:
     """The dtype a model of `dtype` computes in: a 4-bit storage's, else itself (a draft beside a 4-bit
     target runs in it, and so does an engine without our storage)."""
     return STORAGES.get(dtype, dtype)
+
+
+def draft_dtype(target_dtype: str, device: str = "cpu", isa_flags: list[str] | None = None) -> str:
+    """The dtype a draft runs in beside a target of `target_dtype` (unless the user names one): the
+    dtype the target computes in, or float32 where that is a half precision this CPU only emulates
+    (`isa_flags`: the ISA torch may use, this CPU's by default). Beside the 4-bit target on a Zen3 a
+    bfloat16 draft ran eagerly, no package being built in an emulated dtype, at half the target's
+    compiled step: no draft token could pay. The draft is the same model in either dtype."""
+    dtype = compute_dtype(target_dtype)
+    if not device.startswith("cpu"):
+        return dtype
+    flags = effective_isa(cpu_model_and_flags()[2]) if isa_flags is None else isa_flags
+    return "float32" if compile_skip_reason(dtype, flags) is not None else dtype
 
 
 def candidate_dtypes(name: str, device: str) -> list[str]:

@@ -12,7 +12,7 @@ from draftlab.models.loading import (
     LoadedModel,
     ModelSpec,
     check_compatible,
-    compute_dtype,
+    draft_dtype,
     load_model,
 )
 from draftlab.plan.dtypes import DtypeChoice, choose_dtype
@@ -57,11 +57,11 @@ def load_draft(
     args: argparse.Namespace, name: str, target: LoadedModel, attn: str | None = None
 ) -> LoadedModel:
     # With --dtype auto (or a 4-bit --dtype) the draft follows the target's dtype, the one its 4-bit
-    # storage computes in, unless --draft-dtype says otherwise: a draft quantized here would be
-    # another draft.
+    # storage computes in (float32 where the CPU only emulates that), unless --draft-dtype says
+    # otherwise: a draft quantized here would be another draft.
     if args.draft_dtype is None and (args.dtype == "auto" or args.dtype in STORAGES):
-        dtype = compute_dtype(target.spec.dtype)
         device = args.draft_device or args.device
+        dtype = draft_dtype(target.spec.dtype, device)
         draft = load_spec(ModelSpec(name, dtype, device, attn or args.attn_implementation))
     else:
         draft = load_role(args, name, "draft", attn)
