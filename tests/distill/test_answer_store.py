@@ -15,8 +15,10 @@ from helpers import check_error
 
 from draftlab.cli import main
 from draftlab.distill.data import load_shards
+from draftlab.distill.inputs import generation_dtype
 from draftlab.distill.teacher import Teacher
 from draftlab.engines.llama_server.binary import find_server
+from draftlab.hardware import native_bf16
 from draftlab.models.loading import ModelSpec, load_model
 
 MAX_NEW = 24
@@ -60,6 +62,11 @@ def _distill(target, tmp_path: Path, prompts: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+# Who answers here for `--gen-dtype auto`: bfloat16 on a CPU with native bfloat16, else float32 (the
+# choice itself is tested on synthetic CPUs in test_distill_data_unit.py).
+HERE = f"draftlab {generation_dtype('auto', 'float32', 'cpu', native_bf16(), False)}"
+
+
 def _store(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "work" / "data" / "store.json").read_text())
 
@@ -99,7 +106,7 @@ def test_server_answers_are_the_targets_and_a_later_run_answers_only_new_prompts
     assert main(_distill(stories, tmp_path, more, "--answers-with", "hf", "--resume")) == 0
     versions = _store(tmp_path)["versions"]
     assert [v["sequences"] for v in versions] == [12, 6]
-    assert list(versions[1]["answered_by"]) == ["draftlab bfloat16"]  # a head's answers: bf16 here
+    assert list(versions[1]["answered_by"]) == [HERE]
     keys = [r["key"] for r in load_shards(tmp_path / "work" / "data")]
     assert len(keys) == len(set(keys)) == 18
     # The same prompts again: nothing to answer, no new version.
@@ -113,9 +120,7 @@ def test_auto_races_both_on_real_batches_and_the_faster_answers_the_rest(stories
     assert main(_distill(stories, tmp_path, prompts, "--gen-batch-size", "20")) == 0
     (version,) = _store(tmp_path)["versions"]
     rates = version["answered_by"]
-    assert set(rates) == {"draftlab bfloat16", "llama-server"} and all(
-        r["tokens"] > 0 for r in rates.values()
-    )
+    assert set(rates) == {HERE, "llama-server"} and all(r["tokens"] > 0 for r in rates.values())
     authors = _shard_authors(tmp_path)
     # The race: two batches each, in turn; then the one faster over its race batches answers the rest.
     (winner,) = [r for r in rates.values() if r["won"]]
