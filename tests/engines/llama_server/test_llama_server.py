@@ -143,6 +143,42 @@ def test_the_server_is_stopped_on_success_on_error_and_on_ctrl_c(own, tmp_path):
 
 
 @needs_server
+def test_a_neighbour_on_the_chosen_port_is_never_taken_for_the_server(own, tmp_path, monkeypatch):
+    """The free port is chosen before llama-server binds it. Here another process (a healthy fake
+    server of another name) holds it: ours fails to bind and starts again on another port, and
+    only a server answering to its own name counts as started."""
+    import http.server  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from draftlab.engines.llama_server import server as server_module  # noqa: PLC0415
+
+    class Neighbour(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"status": "ok", "model_alias": "someone-else"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    neighbour = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Neighbour)
+    threading.Thread(target=neighbour.serve_forever, daemon=True).start()
+    taken = neighbour.server_address[1]
+    ports = iter([taken])
+    free = server_module.free_port
+    monkeypatch.setattr(server_module, "free_port", lambda: next(ports, None) or free())
+    try:
+        with server_module.LlamaServer(SERVER, Path(own.path), [], 1, 512, tmp_path / "l.log") as s:
+            assert s.port != taken and s._who_answers() == s.alias
+            answer = s.complete({"prompt": "Once upon a time", "n_predict": 2})
+            assert "content" in answer
+    finally:
+        neighbour.shutdown()
+
+
+@needs_server
 def test_no_server_outlives_a_kill_9_of_the_process_that_started_it(own, tmp_path):
     """`kill -9` runs no handler of ours: the kernel's parent-death signal stops the server."""
     code = (

@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 from draftlab.children import die_with_parent
@@ -22,6 +23,10 @@ from draftlab.errors import DraftlabError
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 180
+# A free port is chosen before the server binds it: another process may take it meanwhile (two test
+# workers starting servers at once). The server answers to a name of its own, so that a neighbour on
+# the port is never taken for it, and it starts again on another port.
+START_ATTEMPTS = 3
 _RUNNING: set[LlamaServer] = set()
 
 
@@ -48,6 +53,7 @@ class LlamaServer:
         self.process: subprocess.Popen | None = None
         self.port = 0
         self.start_s = 0.0
+        self.alias = f"draftlab-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # who answers on the port
 
     @property
     def command(self) -> list[str]:
@@ -69,6 +75,8 @@ class LlamaServer:
             str(self.slots),
             "--no-kv-unified",
             "--no-webui",
+            "--alias",
+            self.alias,
             # As the llamacpp engine loads (engines/llamacpp/load.py): no extra buffer types on a
             # CPU with AMX, where the server died of an illegal instruction loading the Q4_1 file.
             *([] if model_params(cpu_flags())["use_extra_bufts"] else ["--no-repack"]),
@@ -77,6 +85,15 @@ class LlamaServer:
 
     def start(self) -> LlamaServer:
         t0 = time.perf_counter()
+        for attempt in range(START_ATTEMPTS):  # the last attempt returns True or raises
+            if self._start_on_a_free_port(last=attempt == START_ATTEMPTS - 1):
+                break
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _start_on_a_free_port(self, last: bool) -> bool:
+        """Whether the server came up; False where another process held the port (tried again
+        elsewhere unless `last`)."""
         self.port = free_port()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as log:
@@ -92,19 +109,33 @@ class LlamaServer:
             )
         _RUNNING.add(self)
         deadline = time.monotonic() + START_TIMEOUT_S
+        neighbour = False  # another server answered on this port
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 code = self.process.returncode
                 self.stop()
+                if neighbour and not last:
+                    return False
                 raise DraftlabError(f"llama-server exited with code {code}: {self._last_log_line()}")
-            if self._healthy():
-                self.start_s = time.perf_counter() - t0
-                return self
+            answer = self._who_answers()
+            if answer == self.alias:
+                return True
+            neighbour = neighbour or answer is not None
             time.sleep(0.05)
         self.stop()
         raise DraftlabError(
             f"llama-server did not answer /health within {START_TIMEOUT_S} s (log: {self.log})"
         )
+
+    def _who_answers(self) -> str | None:
+        """The name of the healthy server on this port (None: none answers yet)."""
+        if not self._healthy():
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/props", timeout=2) as response:
+                return str(json.loads(response.read()).get("model_alias"))
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
+            return None
 
     def _healthy(self) -> bool:
         try:
