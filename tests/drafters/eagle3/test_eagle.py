@@ -147,6 +147,27 @@ def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
     assert_greedy_equal(target, prompt, got.tokens, ar.tokens, method)
 
 
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [(["avx2"], torch.float32), (["avx2", "avx512f", "avx512_bf16"], torch.bfloat16)],
+)
+def test_beside_a_4bit_target_the_head_runs_as_a_draft_would(llama, monkeypatch, flags, dtype):
+    # On a CPU that emulates bfloat16 the head runs in float32 (an eager bfloat16 head cost 1.5-3.9
+    # compiled target steps on a Zen3), reading the target's bfloat16 features: still its tokens.
+    target, _, root = llama
+    monkeypatch.setattr("draftlab.models.loading.effective_isa", lambda _cpu_flags: flags)
+    q4 = load_model(ModelSpec(target.path, "q4_1"))
+    head_lm = load_head_lm(str(root / "head"), q4)
+    assert head_lm.model.fc.weight.dtype == dtype
+    assert head_lm.spec.dtype == str(dtype).removeprefix("torch.")
+    prompt = q4.tokenizer("the cat sat on the mat and then the dog")["input_ids"]
+    ar = build_decoder(DecoderConfig("ar"), q4).generate(prompt, 32, SamplingParams())
+    config = DecoderConfig.of(method="eagle", gamma=4, draft_confidence=0.0)
+    got = build_decoder(config, q4, head_lm).generate(prompt, 32, SamplingParams())
+    assert got.stats.drafted > 0
+    assert_greedy_equal(q4, prompt, got.tokens, ar.tokens, "eagle beside q4_1")
+
+
 def test_greedy_eagle_with_cost_aware_sizing(llama):
     """With a profile the rounds are sized (k = 0 is a plain step): still the target's tokens."""
     from draftlab.decode.cost import CostModel

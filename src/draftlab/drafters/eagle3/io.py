@@ -176,11 +176,23 @@ def load_head(
 
 
 def load_head_lm(path: str, target, dtype: str | None = None):
-    """The head at `path` (folder or registry name) beside its loaded target, checked to fit it."""
+    """The head at `path` (folder or registry name) beside its loaded target, checked to fit it. It
+    runs in the target's dtype; beside a 4-bit target, in the dtype a draft would (float32 where the
+    CPU emulates bfloat16: no package is built in an emulated dtype, and an eager bfloat16 head cost
+    1.5-3.9 of the target's compiled steps on a Zen3)."""
     from draftlab.drafters.eagle3.cached import HeadLM  # noqa: PLC0415 - eagle_cached imports the cache code
-    from draftlab.models.loading import DTYPES, ModelSpec, resolve_path  # noqa: PLC0415
+    from draftlab.models.loading import (  # noqa: PLC0415
+        DTYPES,
+        STORAGES,
+        ModelSpec,
+        draft_dtype,
+        resolve_path,
+    )
 
-    dtype = dtype or target.spec.dtype
+    if dtype is None:
+        dtype = target.spec.dtype
+        if dtype in STORAGES:
+            dtype = draft_dtype(dtype, target.spec.device)
     folder = resolve_path(path)
     if not is_head_folder(folder):
         raise DraftlabError(f"'{path}' is not an EAGLE-3 head folder (no speculators eagle3 config.json)")
