@@ -508,6 +508,32 @@ def test_compiled_runs_are_sized_from_the_compiled_passes_profile(tiny_pair, tmp
     assert cost_model(True, lm, draft, compiled=True) is None, "fixed k: rounds are not sized"
 
 
+def test_a_compiled_eagle_round_is_priced_by_the_heads_compiled_passes(
+    story_model, story_head, tmp_path, monkeypatch
+):
+    """Under --compile the head drafts through its own package: its rounds are priced by that
+    package's profile (on a Zen3 2.9 ms a pass), not by its eager passes (5.6 ms in float32)."""
+    from draftlab.drafters.eagle3.cached import HeadModel
+    from draftlab.models.cached import cached, compiles
+
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+    head_curves = {
+        False: CostCurve([1, 2, 4, 8], [64, 256], [[5.6, 10.0, 11.8, 11.1]] * 2),
+        True: CostCurve([1, 2, 4, 8], [64, 256], [[2.9, 3.0, 3.8, 5.2]] * 2),
+    }
+    for compiled, curve in head_curves.items():
+        save(story_head, Profile(story_head.fingerprint(compiled), curve, 1, 0.0, "2026-12-02T00:00:00"))
+        save(story_model, Profile(story_model.fingerprint(compiled), curve, 1, 0.0, "2026-12-02T00:00:00"))
+    assert profile_path(story_head, compiled=True) != profile_path(story_head)
+    assert cost_model(False, story_model, story_head).draft.ms == head_curves[False].ms
+    assert cost_model(False, story_model, story_head, compiled=True).draft.ms == head_curves[True].ms
+    # What `draftlab profile --compile` times is the head's package, as the decoder drafts with it.
+    assert compiles(story_head)
+    runner = cached(story_head, compiled=True)
+    assert isinstance(runner, HeadModel) and runner.compiled is not None and runner.blind
+    assert cached(story_head).compiled is None
+
+
 def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(story_model):
     # One compiled size here (a graph compiles in tens of seconds on 2 cores); the profile's own
     # points are below.

@@ -174,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
         if ways[chosen] == "compiled" and draft_name is not None:
             _compiled_draft(console, args, results, draft_name, chosen, bandwidth)
+        if ways[chosen] == "compiled" and head_name(args) is not None:
+            _compiled_head(console, args, results, head_name(args), chosen, bandwidth)
         results["dtype_choice"] = {
             "dtype": chosen,
             "predicted_plain_s": {d: v / 1000 for d, v in predicted.items()},
@@ -213,6 +215,24 @@ def _compiled_draft(console: Console, args, results: dict, name: str, dtype: str
         results.setdefault("compile_failed", {})[f"draft/{draft.spec.dtype}"] = str(error)
 
 
+def _compiled_head(console: Console, args, results: dict, name: str, dtype: str, bandwidth) -> None:
+    """The head's compiled passes, as bench drafts with them beside the target compiled in `dtype`
+    (bench would otherwise price them by its eager passes: 5.6 ms a pass in float32 on a Zen3)."""
+    target_device = args.target_device or args.device
+    target = load_spec(
+        ModelSpec(args.target or DEFAULT_TARGET, dtype, target_device, args.attn_implementation)
+    )
+    head = load_head_lm(name, target)
+    if not compiles(head):
+        return
+    need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
+    try:
+        _profile(console, args, results, "head", head, bandwidth, compiled=True, bucket_need=need)
+    except DraftlabError as error:  # bench then drafts eagerly, priced by the eager profile
+        console.print(f"[yellow]no compiled profile of {name} ({head.spec.dtype}): {error}[/]")
+        results.setdefault("compile_failed", {})[f"head/{head.spec.dtype}"] = str(error)
+
+
 def _profile(
     console: Console, args, results: dict, role: str, lm, bandwidth, compiled: bool, bucket_need: int = 0
 ) -> Profile:
@@ -230,7 +250,7 @@ def _profile(
         )
     source = f"measured in {profile.seconds:.0f} s" if measured else f"cached, {profile.measured_at}"
     own_passes = getattr(lm, "cached_model", None) is not None  # another engine's model (llama.cpp's)
-    engine = f" · {lm.engine}" if own_passes else (" · compiled" if compiled else "")
+    engine = " · compiled" if compiled else (f" · {lm.engine}" if own_passes else "")
     console.print(_table(f"{role} {name} · {lm.spec.dtype}{engine} · {source}", profile))
     key = f"{role}/{lm.spec.dtype}" + ("/compiled" if compiled else "")
     results["profiles"][key] = json.loads(profile.to_json())

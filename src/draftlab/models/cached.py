@@ -403,7 +403,10 @@ def crop_sequence(tokens: list[int], cache, length: int) -> bool:
 
 def compiles(lm) -> bool:
     """Whether `lm`'s passes can run from compiled packages: a decoder-only transformers model (not
-    another engine's, which brings its own passes, nor an encoder-decoder)."""
+    another engine's, which brings its own passes, nor an encoder-decoder), or a model with a CPU
+    package of its own (an EAGLE-3 head)."""
+    if getattr(lm, "packaged", False):
+        return lm.device.type == "cpu"
     return getattr(lm, "cached_model", None) is None and not lm.is_encoder_decoder
 
 
@@ -420,13 +423,13 @@ def cached(lm, use_cache: bool = True, compiled: bool = False, exact: bool = Fal
     own = getattr(lm, "cached_model", None)
     if own is None:
         return CachedModel(lm, use_cache, compiled, exact)
-    if compiled:
+    if compiled and not compiles(lm):
         raise DraftlabError(
             "--compile is for the hf engine (compiled transformers passes); llama.cpp runs its own kernels"
         )
     if exact:
         raise DraftlabError("--exact is for the hf engine (our own passes); llama.cpp runs its own kernels")
-    return own(use_cache)
+    return own(use_cache, compiled=True) if compiled else own(use_cache)
 
 
 # Whether a model verifies trees exactly, per model object: every decoder built on it shares the check.

@@ -75,6 +75,8 @@ class HeadLM:
     is_encoder_decoder: bool = False
     is_head: bool = True
     storage: str | None = None  # heads run in their dtype (no 4-bit storage)
+    # Its passes have a compiled package of their own (drafters/eagle3/compiled.py) on a CPU.
+    packaged: ClassVar[bool] = True
     engine: ClassVar[str] = "hf"
     # The same fields as a transformers model's: the head's own config, device and weights.
     fingerprint = LoadedModel.fingerprint
@@ -96,9 +98,10 @@ class HeadLM:
         """The head's own weights: the embedding is the target's and not counted."""
         return sum(p.numel() for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
 
-    def cached_model(self, use_cache: bool = True) -> HeadModel:
-        # What `draftlab profile` times: the head's passes, with zero features where none are known.
-        return HeadModel(self, blind=True)
+    def cached_model(self, use_cache: bool = True, compiled: bool = False) -> HeadModel:
+        # What `draftlab profile` times: the head's passes, with zero features where none are known;
+        # `compiled`: through its own package, as a compiled target's decoder drafts with it.
+        return HeadModel(self, blind=True, compiled=compiled)
 
 
 class HeadModel:
