@@ -102,6 +102,32 @@ def test_cached_passes_equal_one_pass(llama):
     torch.testing.assert_close(torch.cat(rows), whole, atol=bound, rtol=0)
 
 
+def test_target_features_are_fused_only_when_the_head_drafts(llama, monkeypatch):
+    """Rounds that do not draft only keep the target's features; the next draft fuses every row
+    since in one call, as fusing them one round at a time would (a rewrite replaces the tail)."""
+    target, head_lm, _ = llama
+    ids = [5, 17, 33, 8, 90, 41, 12, 7]
+    aux = _features(target, ids)
+    head = HeadModel(head_lm)
+    calls = []
+    fuse = head_lm.model.fuse
+    monkeypatch.setattr(head_lm.model, "fuse", lambda rows: calls.append(len(rows)) or fuse(rows))
+    head.start(ids)
+    head.take_features(0, aux[:3])
+    head.take_features(3, aux[3:5])
+    head.take_features(4, -aux[4:6])  # a round that kept other tokens from position 4 on
+    assert calls == [] and head.known == 6 and head.ready(7)
+    head.forward(ids[:7])
+    assert calls == [6], "one fuse for every row taken since"
+    with torch.no_grad():
+        want = fuse(torch.cat([aux[:4], -aux[4:6]]))
+    torch.testing.assert_close(head._features.view(), want, atol=logits_tol(head_lm.model, want), rtol=0)
+    head.take_features(6, aux[6:8])
+    head.trim_features(7)
+    head.forward([ids[7]])
+    assert calls == [6, 1] and len(head._features) == 7
+
+
 def test_training_step_j_is_drafting_the_jth_token(llama):
     """The training-time test's masks and shifts are what the cached head does when it drafts."""
     target, head_lm, _ = llama

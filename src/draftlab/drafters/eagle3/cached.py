@@ -121,6 +121,10 @@ class HeadModel:
         self._cache = DynamicCache()
         self._own = Rows(self.hidden, self.dtype, self.device)  # outputs per slot
         self._features = Rows(self.hidden, self.dtype, self.device)  # fused, per position
+        # The target's features as they came (aux layers side by side), fused only when the head
+        # next drafts: in one pass over the fuse's weights for every row since, and never in the
+        # rounds that do not draft (fusing each round took 0.9 ms of a 15 ms round on a Zen3).
+        self._aux: Rows | None = None
         self._first_own: int | None = None  # the first slot fed with the head's own feature
         self._tree: TreeArea | None = None
 
@@ -131,7 +135,7 @@ class HeadModel:
     @property
     def known(self) -> int:
         """Positions whose target feature is known (0 .. known - 1)."""
-        return len(self._features)
+        return len(self._features) if self._aux is None else len(self._aux)
 
     def ready(self, sequence_length: int) -> bool:
         """Whether the head can draft after a sequence of this length: the target has scored all
@@ -149,6 +153,8 @@ class HeadModel:
             self._cache = DynamicCache()
         self._own.cut(0)
         self._features.cut(0)
+        if self._aux is not None:
+            self._aux.cut(0)
         self._first_own = None
         self._tree = None
         return list(prompt_ids)
@@ -158,13 +164,25 @@ class HeadModel:
         """The target's features for positions start, start + 1, ... ([n, layers·Ht], aux layers side by side)."""
         if start > self.known:
             raise DraftlabError(f"target features from position {start}, but only {self.known} are known")
-        fused = self.head.fuse(aux.to(self.device))
-        self._features.put(start, fused)
+        if self._aux is None:
+            self._aux = Rows(aux.shape[-1], aux.dtype, self.device)
+        self._aux.put(start, aux.to(self.device))
+        self._features.cut(start)
         if self._first_own is not None:
             self.crop(self._first_own)  # re-read with the target's features
 
     def trim_features(self, length: int) -> None:
         self._features.cut(length)
+        if self._aux is not None:
+            self._aux.cut(length)
+
+    def _fuse_pending(self) -> None:
+        """Fuse the target features taken since the head last drafted, all in one pass."""
+        if self._aux is None:
+            return
+        done, known = len(self._features), len(self._aux)
+        if done < known:
+            self._features.put(done, self.head.fuse(self._aux.view()[done:known]))
 
     def _feature(self, position: int, parent_slot: int | None) -> torch.Tensor | None:
         if position == 0:
@@ -180,6 +198,7 @@ class HeadModel:
         self, new_ids: list[int], keep: int | None = None, tree: list[int] | None = None
     ) -> torch.Tensor:
         """Logits [keep, target V] for the new tokens (-inf outside the draft vocabulary)."""
+        self._fuse_pending()
         start = len(self._tokens)
         n = len(new_ids)
         n_chain = n - (len(tree) if tree is not None else 0)
