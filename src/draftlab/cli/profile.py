@@ -201,36 +201,33 @@ def _compiled_draft(console: Console, args, results: dict, name: str, dtype: str
     same bucket: so that bench builds no draft package either."""
     device = args.draft_device or args.device
     draft = load_spec(ModelSpec(name, draft_dtype(dtype, device), device, args.attn_implementation))
-    if not compiles(draft):
-        return
-    target_device = args.target_device or args.device
-    target = load_spec(
-        ModelSpec(args.target or DEFAULT_TARGET, dtype, target_device, args.attn_implementation)
-    )
-    need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
-    try:
-        _profile(console, args, results, "draft", draft, bandwidth, compiled=True, bucket_need=need)
-    except DraftlabError as error:  # bench then drafts eagerly, priced by the eager profile
-        console.print(f"[yellow]no compiled profile of {name} ({draft.spec.dtype}): {error}[/]")
-        results.setdefault("compile_failed", {})[f"draft/{draft.spec.dtype}"] = str(error)
+    if compiles(draft):
+        _compiled_beside(console, args, results, "draft", draft, _target(args, dtype), bandwidth)
 
 
 def _compiled_head(console: Console, args, results: dict, name: str, dtype: str, bandwidth) -> None:
     """The head's compiled passes, as bench drafts with them beside the target compiled in `dtype`
     (bench would otherwise price them by its eager passes: 5.6 ms a pass in float32 on a Zen3)."""
-    target_device = args.target_device or args.device
-    target = load_spec(
-        ModelSpec(args.target or DEFAULT_TARGET, dtype, target_device, args.attn_implementation)
-    )
+    target = _target(args, dtype)
     head = load_head_lm(name, target)
-    if not compiles(head):
-        return
+    if compiles(head):
+        _compiled_beside(console, args, results, "head", head, target, bandwidth)
+
+
+def _target(args, dtype: str):
+    device = args.target_device or args.device
+    return load_spec(ModelSpec(args.target or DEFAULT_TARGET, dtype, device, args.attn_implementation))
+
+
+def _compiled_beside(console: Console, args, results: dict, role: str, lm, target, bandwidth) -> None:
+    """`lm`'s compiled passes in the bucket bench runs beside `target` in; where no package can be
+    built, bench drafts eagerly, priced by the eager profile."""
     need = plan_need(target, load_suite("builtin"), args.max_new_tokens, chat=True)
     try:
-        _profile(console, args, results, "head", head, bandwidth, compiled=True, bucket_need=need)
-    except DraftlabError as error:  # bench then drafts eagerly, priced by the eager profile
-        console.print(f"[yellow]no compiled profile of {name} ({head.spec.dtype}): {error}[/]")
-        results.setdefault("compile_failed", {})[f"head/{head.spec.dtype}"] = str(error)
+        _profile(console, args, results, role, lm, bandwidth, compiled=True, bucket_need=need)
+    except DraftlabError as error:
+        console.print(f"[yellow]no compiled profile of {lm.spec.name} ({lm.spec.dtype}): {error}[/]")
+        results.setdefault("compile_failed", {})[f"{role}/{lm.spec.dtype}"] = str(error)
 
 
 def _profile(
