@@ -65,7 +65,8 @@ def cached_bandwidth(folder: Path, hardware_key: str) -> Bandwidth:
 def weight_bytes(lm) -> int:
     """Bytes a plain decoding step reads: every weight once (a tied embedding once, as the output)."""
 
-    own = getattr(lm, "weight_bytes", None)  # another engine's model counts its own (a GGUF's)
+    # Another engine's model counts its own (a GGUF's), and so does an EAGLE-3 head (not its embedding).
+    own = getattr(lm, "weight_bytes", None)
     if own is not None:
         return int(own())
     # parameters() yields a tied weight once; a shell's (meta) parameters have their dtype's size too.

@@ -297,6 +297,15 @@ def test_profile_prices_a_head_beside_its_target(llama, tmp_path, capsys, monkey
     assert {"target/float32", "head/float32"} == set(data["profiles"])
     head = data["profiles"]["head/float32"]["curve"]
     assert all(ms > 0 for row in head["ms"] for ms in row)
+    # A pass reads the head's own weights and one row of its copy of the target's embedding a token.
+    from draftlab.models.bandwidth import weight_bytes
+
+    _, head_lm, _ = llama
+    embedding = head_lm.model.embed_tokens.weight
+    assert weight_bytes(head_lm) == 4 * head_lm.num_parameters > 0
+    assert weight_bytes(head_lm) + embedding.numel() * 4 == 4 * sum(
+        p.numel() for p in head_lm.model.parameters()
+    )
 
 
 def test_the_heads_rows_grow_without_copying_their_history_and_replace_their_tail():

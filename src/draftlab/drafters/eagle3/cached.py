@@ -96,7 +96,14 @@ class HeadLM:
     @property
     def num_parameters(self) -> int:
         """The head's own weights: the embedding is the target's and not counted."""
-        return sum(p.numel() for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
+        return sum(p.numel() for n, p in self._own_weights())
+
+    def weight_bytes(self) -> int:
+        """Bytes a pass reads: its own weights, of its copy of the target's embedding a row a token."""
+        return sum(p.numel() * p.element_size() for n, p in self._own_weights())
+
+    def _own_weights(self):
+        return ((n, p) for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
 
     def cached_model(self, use_cache: bool = True, compiled: bool = False) -> HeadModel:
         # What `draftlab profile` times: the head's passes, with zero features where none are known;
