@@ -96,14 +96,14 @@ class HeadLM:
     @property
     def num_parameters(self) -> int:
         """The head's own weights: the embedding is the target's and not counted."""
-        return sum(p.numel() for n, p in self._own_weights())
+        return sum(p.numel() for p in self._own_weights())
 
     def weight_bytes(self) -> int:
         """Bytes a pass reads: its own weights, of its copy of the target's embedding a row a token."""
-        return sum(p.numel() * p.element_size() for n, p in self._own_weights())
+        return sum(p.numel() * p.element_size() for p in self._own_weights())
 
     def _own_weights(self):
-        return ((n, p) for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
+        return (p for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
 
     def cached_model(self, use_cache: bool = True, compiled: bool = False) -> HeadModel:
         # What `draftlab profile` times: the head's passes, with zero features where none are known;
@@ -128,10 +128,10 @@ class HeadModel:
         self._cache = DynamicCache()
         self._own = Rows(self.hidden, self.dtype, self.device)  # outputs per slot
         self._features = Rows(self.hidden, self.dtype, self.device)  # fused, per position
-        # The target's features as they came (aux layers side by side), fused only when the head
+        # The target's features (aux layers side by side, held in the head's dtype), fused only when the head
         # next drafts: in one pass over the fuse's weights for every row since, and never in the
         # rounds that do not draft (fusing each round took 0.9 ms of a 15 ms round on a Zen3).
-        self._aux: Rows | None = None
+        self._aux = Rows(self.head.fc.in_features, self.dtype, self.device)
         self._first_own: int | None = None  # the first slot fed with the head's own feature
         self._tree: TreeArea | None = None
 
@@ -142,7 +142,7 @@ class HeadModel:
     @property
     def known(self) -> int:
         """Positions whose target feature is known (0 .. known - 1)."""
-        return len(self._features) if self._aux is None else len(self._aux)
+        return len(self._aux)
 
     def ready(self, sequence_length: int) -> bool:
         """Whether the head can draft after a sequence of this length: the target has scored all
@@ -160,8 +160,7 @@ class HeadModel:
             self._cache = DynamicCache()
         self._own.cut(0)
         self._features.cut(0)
-        if self._aux is not None:
-            self._aux.cut(0)
+        self._aux.cut(0)
         self._first_own = None
         self._tree = None
         return list(prompt_ids)
@@ -171,8 +170,6 @@ class HeadModel:
         """The target's features for positions start, start + 1, ... ([n, layers·Ht], aux layers side by side)."""
         if start > self.known:
             raise DraftlabError(f"target features from position {start}, but only {self.known} are known")
-        if self._aux is None:
-            self._aux = Rows(aux.shape[-1], aux.dtype, self.device)
         self._aux.put(start, aux.to(self.device))
         self._features.cut(start)
         if self._first_own is not None:
@@ -180,13 +177,10 @@ class HeadModel:
 
     def trim_features(self, length: int) -> None:
         self._features.cut(length)
-        if self._aux is not None:
-            self._aux.cut(length)
+        self._aux.cut(length)
 
     def _fuse_pending(self) -> None:
         """Fuse the target features taken since the head last drafted, all in one pass."""
-        if self._aux is None:
-            return
         done, known = len(self._features), len(self._aux)
         if done < known:
             self._features.put(done, self.head.fuse(self._aux.view()[done:known]))
