@@ -38,6 +38,23 @@ def noisy_copy(source: Path, folder: Path, scale: float = 0.2, seed: int = 0) ->
     return folder
 
 
+def synthetic(step_ms: float, verify4: float = 1.1):
+    """A llama.cpp cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that."""
+    from draftlab.models.cost_curve import CostCurve  # noqa: PLC0415
+
+    sizes = [1, 2, 4, 8, 16]
+    row = [step_ms * (1 + (verify4 - 1) * (n - 1) / 4) for n in sizes]
+    return CostCurve(sizes, [64, 1024], [row, row], [16, 1024], [16 * step_ms / 8, 1024 * step_ms / 8])
+
+
+def seed_profile(lm, curve) -> None:
+    """`curve` as the machine's cached profile of `lm` (a written one: it is never spot-checked)."""
+    from draftlab.models.cost_curve import Profile  # noqa: PLC0415
+    from draftlab.models.profile import save  # noqa: PLC0415
+
+    save(lm, Profile(lm.fingerprint(), curve, 1, 0.0, "2026-11-25T00:00:00"))
+
+
 def check_error(capsys, argv: list[str], *fragments: str) -> None:
     """Bad input: exit code 2 and one line on stderr that names the value."""
     assert main(argv) == 2

@@ -75,7 +75,10 @@ def test_static_lengths_come_in_buckets():
     assert static_length(5000, limit=4096) == 4096
 
 
-def test_compiled_steps_give_eager_logits(story_model):
+def test_compiled_steps_give_eager_logits(stories, monkeypatch):
+    """With max-autotune, as a user's float32 package is built (the suite's other builds skip it)."""
+    monkeypatch.setenv("DRAFTLAB_AUTOTUNE", "1")
+    story_model = load_model(ModelSpec(str(stories), dtype="float32"))  # no package loaded yet
     ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
     eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
     for cm in (eager, compiled):
@@ -105,6 +108,10 @@ def test_compiled_steps_give_eager_logits(story_model):
     # After the rollback, the cache holds exactly the real tokens: the next step agrees too.
     a, b = eager.forward([9]), compiled.forward([9])
     torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    tuned = package_path(story_model, capacity(compiled._cache))
+    assert tuned.exists(), "the package built is the autotuned one"
+    monkeypatch.setenv("DRAFTLAB_AUTOTUNE", "0")
+    assert package_path(story_model, capacity(compiled._cache)) != tuned
 
 
 def test_a_compiled_pass_attends_over_its_window_of_the_bucket(stories):

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import QUIET, check_error
+from helpers import QUIET, check_error, seed_profile, synthetic
 
 from draftlab.cli import main
 from draftlab.engines.llama_server import binary
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
-from draftlab.engines.llamacpp.load import load_llamacpp, locate
+from draftlab.engines.llama_server.server_args import DEFAULT_STORAGE
+from draftlab.engines.llamacpp.load import _gguf_tokenizer, load_llamacpp, locate
 from draftlab.errors import DraftlabError
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
@@ -201,8 +202,22 @@ def test_no_server_outlives_a_kill_9_of_the_process_that_started_it(own, tmp_pat
         parent.kill()
 
 
+@pytest.fixture
+def priced(tmp_path, monkeypatch):
+    """Gives the server's file a flat llama.cpp cost curve, in a profile cache of the test's own.
+    The report prices the server's rounds with that file's curve; measuring a real one took 45-63 s
+    on a 2-core AMD EPYC Zen3, and test_llamacpp.py measures real ones."""
+    monkeypatch.setenv("DRAFTLAB_PROFILE_DIR", str(tmp_path / "profiles"))
+
+    def seed(name: str, **load) -> None:
+        seed_profile(load_llamacpp(name, **load), synthetic(10.0))
+
+    return seed
+
+
 @needs_server
-def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monkeypatch):
+def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monkeypatch, priced):
+    priced(TARGET, storage=DEFAULT_STORAGE)  # the server runs the catalogue target's BF16 export
     out = tmp_path / "run"
     # One drafter (its calibration restarts the server per candidate setting, the suite's slowest
     # part), two subtasks: each gets its own choice.
@@ -259,15 +274,20 @@ def test_bench_runs_llama_servers_drafters_beside_its_ar(tmp_path, capsys, monke
 
 
 @needs_server
-def test_bench_on_llama_server_takes_a_users_gguf_target_and_draft(tmp_path, capsys):
+def test_bench_on_llama_server_takes_a_users_gguf_target_and_draft(tmp_path, capsys, priced):
     """A GGUF is what a llama-server user has: the shipped Q4_1 file given as a path (as a user's
     own file) runs the server's drafters, with a GGUF draft as it is (here the same file: every
     drafted token is the target's own)."""
     gguf = str(locate(TARGET)[0])
+    priced(gguf)
     out = tmp_path / "run"
     argv = ["bench", "--engines", "llama-server", "--target", gguf, "--draft", gguf, "--limit", "1"]
     argv += ["--methods", "ar,ngram-mod,sps", "--server-settings", "default", "--subtasks", "summarization"]
+    before = _gguf_tokenizer.cache_info()
     assert main([*argv, "--max-new-tokens", "24", "--out", str(out), *QUIET]) == 0
+    after = _gguf_tokenizer.cache_info()
+    # The file's vocabulary is rebuilt into a tokenizer once (10 s), not once per role and engine.
+    assert after.misses - before.misses <= 1 and after.hits > before.hits
     capsys.readouterr()
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     tokens = {r["label"]: r["tokens"] for r in records}
@@ -284,7 +304,8 @@ def test_bench_on_llama_server_takes_a_users_gguf_target_and_draft(tmp_path, cap
 
 
 @needs_server
-def test_concurrency_sweep_on_llama_server_with_one_slot_per_request(tmp_path):
+def test_concurrency_sweep_on_llama_server_with_one_slot_per_request(tmp_path, priced):
+    priced(TARGET, storage=DEFAULT_STORAGE)
     out = tmp_path / "sweep"
     argv = ["sweep", "concurrency", "--engine", "llama-server", "--methods", "ar,ngram-simple"]
     argv += ["--concurrency", "1,2", "--limit", "1", "--subtasks", "summarization"]

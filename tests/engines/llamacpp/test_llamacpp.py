@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import check_error
+from helpers import check_error, seed_profile, synthetic
 from tolerance import reduction_length, sum_tol
 
 from draftlab.bench.suites import load_suite
@@ -27,10 +27,9 @@ from draftlab.decode.build import build_decoder
 from draftlab.decode.spec import DecoderConfig
 from draftlab.models.cached import cached
 from draftlab.models.catalogue import ENTRIES
-from draftlab.models.cost_curve import CostCurve, Profile
 from draftlab.models.install import gguf_path
 from draftlab.models.loading import ModelSpec, load_model
-from draftlab.models.profile import load_cached, measure, save
+from draftlab.models.profile import load_cached, measure
 from draftlab.models.prompting import encode_prompt
 from draftlab.sampling import SamplingParams
 
@@ -115,17 +114,6 @@ def assert_greedy_equal(lm, prompt: list[int], got: list[int], want: list[int], 
 def prompts(target):
     examples = load_suite("builtin", ["summarization", "qa", "translation"], limit=1)
     return [encode_prompt(target, e.turns[0], chat=True) for e in examples]
-
-
-def synthetic(step_ms: float, verify4: float = 1.1) -> CostCurve:
-    """A cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that."""
-    sizes = [1, 2, 4, 8, 16]
-    row = [step_ms * (1 + (verify4 - 1) * (n - 1) / 4) for n in sizes]
-    return CostCurve(sizes, [64, 1024], [row, row], [16, 1024], [16 * step_ms / 8, 1024 * step_ms / 8])
-
-
-def seed_profile(lm, curve: CostCurve) -> None:
-    save(lm, Profile(lm.fingerprint(), curve, 1, 0.0, "2026-11-25T00:00:00"))
 
 
 @pytest.fixture
