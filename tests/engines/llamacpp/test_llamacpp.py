@@ -780,7 +780,7 @@ def test_extra_buffer_types_are_off_only_on_amx_cpus():
 
 @needs_llama_cpp
 def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
-    gguf, prompts, monkeypatch, tmp_path
+    gguf, target, prompts, monkeypatch, tmp_path
 ):
     """On a Xeon with AMX, llama.cpp's AMX kernel for Q4_1 crashed; there draftlab loads with extra
     buffer types off. The same load parameters, forced here: the probe runs with them and the model
@@ -790,7 +790,9 @@ def test_a_target_loaded_as_on_an_amx_cpu_decodes_as_plain_decoding_does(
 
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(llamacpp_probe, "cpu_flags", lambda: ["avx2", "avx512f", "amx_tile", "amx_bf16"])
-    amx = load_llamacpp(TARGET, n_threads=1)
+    # The file by its path, with the target's tokenizer: the catalogue name would convert the GGUF
+    # into the new home first (41 s).
+    amx = load_llamacpp(str(gguf), n_threads=1, tokenizer=target.tokenizer)
     assert amx.llm.model_params.use_extra_bufts is False
     probes = list((tmp_path / "home" / "llamacpp-probes").glob("*.json"))
     assert len(probes) == 1, "the file was probed once, with these parameters"
