@@ -75,24 +75,25 @@ def test_static_lengths_come_in_buckets():
     assert static_length(5000, limit=4096) == 4096
 
 
-def test_compiled_steps_give_eager_logits(stories, monkeypatch):
-    """With max-autotune, as a user's float32 package is built (the suite's other builds skip it)."""
+def test_compiled_steps_give_eager_logits(tiny_pair, monkeypatch):
+    """With max-autotune, as a user's float32 package is built (the suite's other builds skip it).
+    A tiny Llama of 2 layers: its autotuned build took 51 s on a 2-core Zen3, stories260K's 90 s."""
     monkeypatch.setenv("DRAFTLAB_AUTOTUNE", "1")
-    story_model = load_model(ModelSpec(str(stories), dtype="float32"))  # no package loaded yet
-    ids = encode_prompt(story_model, "Once upon a time, there was a little dog named Max.", chat=False)
-    eager, compiled = CachedModel(story_model), CachedModel(story_model, compiled=True)
+    lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))  # no package yet
+    ids = encode_prompt(lm, "Once upon a time, there was a little dog named Max.", chat=False)
+    eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
     for cm in (eager, compiled):
         cm.start(ids)
     assert isinstance(compiled._cache, StaticCache) and isinstance(eager._cache, DynamicCache)
     assert capacity(compiled._cache) == static_length(len(ids) + RESERVE)
     a, b = eager.forward(ids), compiled.forward(ids)  # the prompt: eager on both
-    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
     token = int(a[-1].argmax())
     for _ in range(12):  # one-token passes: compiled on one side
         a, b = eager.forward([token]), compiled.forward([token])
-        torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
+        torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
         token = int(a[-1].argmax())
-    steps = compiled_steps(story_model)
+    steps = compiled_steps(lm)
     assert steps.compile_seconds, "getting the package ready is timed"
     calls = steps.calls
     # A verification pass of 3 tokens runs through the same package (its pass length is dynamic),
@@ -101,17 +102,17 @@ def test_compiled_steps_give_eager_logits(stories, monkeypatch):
     length = compiled.length
     a, again = eager.forward([token, 5, 7]), compiled.forward([token, 5, 7])
     assert again.shape == a.shape and steps.calls == calls + 1
-    torch.testing.assert_close(again, a, atol=logits_tol(story_model.model, a), rtol=0)
+    torch.testing.assert_close(again, a, atol=logits_tol(lm.model, a), rtol=0)
     assert list(steps.compile_seconds) == [capacity(compiled._cache)]
     compiled.crop(length)
     torch.testing.assert_close(compiled.forward([token, 5, 7]), again, atol=0, rtol=0)
     # After the rollback, the cache holds exactly the real tokens: the next step agrees too.
     a, b = eager.forward([9]), compiled.forward([9])
-    torch.testing.assert_close(b, a, atol=logits_tol(story_model.model, a), rtol=0)
-    tuned = package_path(story_model, capacity(compiled._cache))
+    torch.testing.assert_close(b, a, atol=logits_tol(lm.model, a), rtol=0)
+    tuned = package_path(lm, capacity(compiled._cache))
     assert tuned.exists(), "the package built is the autotuned one"
     monkeypatch.setenv("DRAFTLAB_AUTOTUNE", "0")
-    assert package_path(story_model, capacity(compiled._cache)) != tuned
+    assert package_path(lm, capacity(compiled._cache)) != tuned
 
 
 def test_a_compiled_pass_attends_over_its_window_of_the_bucket(stories):
