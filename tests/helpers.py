@@ -38,13 +38,15 @@ def noisy_copy(source: Path, folder: Path, scale: float = 0.2, seed: int = 0) ->
     return folder
 
 
-def synthetic(step_ms: float, verify4: float = 1.1):
-    """A llama.cpp cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that."""
+def synthetic(step_ms: float, verify4: float = 1.1, prefill_per_token: float | None = None):
+    """A cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that, a prompt
+    token of prefill `prefill_per_token` (an eighth of a step unless given)."""
     from draftlab.models.cost_curve import CostCurve  # noqa: PLC0415
 
     sizes = [1, 2, 4, 8, 16]
     row = [step_ms * (1 + (verify4 - 1) * (n - 1) / 4) for n in sizes]
-    return CostCurve(sizes, [64, 1024], [row, row], [16, 1024], [16 * step_ms / 8, 1024 * step_ms / 8])
+    per_token = step_ms / 8 if prefill_per_token is None else prefill_per_token
+    return CostCurve(sizes, [64, 1024], [row, row], [16, 1024], [16 * per_token, 1024 * per_token])
 
 
 def seed_profile(lm, curve) -> None:

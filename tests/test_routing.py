@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import helpers
 import pytest
 from helpers import QUIET, write_suite
 
@@ -30,12 +31,8 @@ METHODS = "ar,sps,pld,pld-tree,sps-tree"
 
 
 def synthetic(step_ms: float, verify4: float = 1.1, prefill_per_token: float = 0.05) -> CostCurve:
-    """A cost curve: a 1-token pass costs `step_ms`, a 5-token pass `verify4` times that."""
-    sizes = [1, 2, 4, 8, 16]
-    row = [step_ms * (1 + (verify4 - 1) * (n - 1) / 4) for n in sizes]
-    return CostCurve(
-        sizes, [64, 1024], [row, row], [16, 1024], [16 * prefill_per_token, 1024 * prefill_per_token]
-    )
+    """helpers.synthetic with a cheap prefill (0.05 ms a prompt token) unless given."""
+    return helpers.synthetic(step_ms, verify4, prefill_per_token)
 
 
 def write_profile(path: str, dtype: str, curve: CostCurve) -> None:
