@@ -12,8 +12,9 @@ from draftlab.hardware import compile_skip_reason
 from draftlab.models.compiled import choose_bucket, keep_longest, static_length
 from draftlab.models.cost_curve import CostCurve, Profile, pick_dtype
 from draftlab.models.loading import ModelSpec, draft_dtype, load_model
-from draftlab.models.profile import save
+from draftlab.models.profile import load_cached, save
 from draftlab.plan import dtypes as common
+from draftlab.plan import profiles
 
 ZEN3 = ["avx2"]
 XEON_AVX512 = ["avx2", "avx512f"]
@@ -145,3 +146,22 @@ def test_among_tied_dtypes_the_cheapest_verification_wins():
     # Outside the tie band the fastest plain decoding wins, however steep.
     dtype, _ = pick_dtype({"bfloat16": _curve(27.3, 1.0), "q4_1": _curve(20.0, 1.6)}, 256, 64)
     assert dtype == "q4_1"
+
+
+def test_dtype_auto_prices_cached_profiles_without_spot_checking_them(two_dtypes, monkeypatch, capsys):
+    """Comparing dtypes reads their cached profiles as they are; only the one that runs is
+    spot-checked when its run sets up (a noisy host once re-profiled eager float32 for minutes
+    before a run of the 4-bit package)."""
+    name, models = two_dtypes
+    monkeypatch.setenv("DRAFTLAB_SPOT_CHECK", "1")  # off for the rest of the suite (conftest.py)
+    monkeypatch.setattr(profiles, "_SPOT_CHECKED", set())
+    # A measured-looking eager profile (it took a second), 120 ms a step: far off the tiny model's.
+    eager = load_cached(models["float32"])
+    save(models["float32"], Profile(eager.fingerprint, eager.curve, 1, 1.0, "2026-11-27T00:00:00"))
+    dtype, _ = _choose(name, None)
+    assert dtype == "float32"
+    assert load_cached(models["float32"]).measured_at == "2026-11-27T00:00:00"
+    assert "profiling it again" not in capsys.readouterr().err
+    # The run's own set-up still checks it, and measures it again.
+    assert profiles.machine_profile(models["float32"]).measured_at != "2026-11-27T00:00:00"
+    assert "profiling it again" in capsys.readouterr().err

@@ -40,7 +40,9 @@ def choose_dtype(args: argparse.Namespace, name: str, device: str, attn: str | N
     joint = getattr(args, "compile", False) is None and device == "cpu"
     for dtype in candidate_dtypes(name, device):
         lm = load_spec(ModelSpec(name, dtype, device, attn))
-        curves[dtype], ways[dtype] = machine_profile(lm).curve, "eager"
+        # Priced from the cached profiles as they are: the dtype that runs is spot-checked when
+        # its run sets up (plan/profiles.py), the others never run.
+        curves[dtype], ways[dtype] = machine_profile(lm, check=False).curve, "eager"
         compiled = load_cached(lm, compiled=True) if joint else None
         if compiled is not None and compiled_wins(
             curves[dtype], compiled.curve, prompt_tokens, args.max_new_tokens

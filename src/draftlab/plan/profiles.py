@@ -39,15 +39,18 @@ def _status(message: str) -> None:
 _SPOT_CHECKED: set = set()
 
 
-def machine_profile(lm: LoadedModel, compiled: bool = False) -> Profile:
+def machine_profile(lm: LoadedModel, compiled: bool = False, check: bool = True) -> Profile:
     """The model's cost profile on this machine, measured once and then read from the cache.
 
-    `compiled`: its compiled passes' profile (compiling them, untimed, if this process has not)."""
+    `compiled`: its compiled passes' profile (compiling them, untimed, if this process has not).
+    `check=False`: a cached profile as it is, for comparing configurations that may not run: only
+    the one that runs is spot-checked (a noisy host once re-profiled eager float32 for minutes
+    before a `generate` that ran the 4-bit package)."""
     cached = load_cached(lm, compiled)
     kind = ", compiled passes" if compiled else ""
     if cached is not None:
         path = profile_path(lm)
-        if compiled or hand_written(cached) or not spot_checks_on() or path in _SPOT_CHECKED:
+        if not check or compiled or hand_written(cached) or not spot_checks_on() or path in _SPOT_CHECKED:
             return cached
         # Once per process, a short plain decode checks that the machine still runs as profiled;
         # a second one confirms a miss before minutes go into measuring again (a head's 2 ms passes
