@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tolerance import sum_tol
 from draftlab.cli import main
 from draftlab.models import attention, q4
 from draftlab.models.cached import CachedModel
+from draftlab.models.compiled import package_path
 from draftlab.models.loading import ModelSpec, candidate_dtypes, load_model
 
 
@@ -144,7 +146,17 @@ def test_compiled_q4_1_passes_give_the_eager_logits(q4_llama):
         a, b = eager.forward(tokens), compiled.forward(tokens)
         tol = sum_tol(2 * (64 + 64 + 128) + 64, torch.bfloat16, float(a.abs().max()))
         torch.testing.assert_close(b.float(), a.float(), atol=tol, rtol=0)
-    assert lm.model._draftlab_compiled_steps.calls == 2
+    steps = lm.model._draftlab_compiled_steps
+    assert steps.calls == 2
+    # The package calls draftlab's kernels by their C entry points, none through the proxy executor
+    # (which boxes every argument of every call).
+    (length,) = steps.runners
+    with zipfile.ZipFile(package_path(lm, length)) as package:
+        (wrapper,) = [n for n in package.namelist() if n.endswith(".wrapper.cpp")]
+        code = package.read(wrapper).decode()
+    for op in ("q4_1_q8_mm", "attend"):
+        assert f"AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_{op}(" in code, op
+    assert "proxy_executor_call_function" not in code
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

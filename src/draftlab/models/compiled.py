@@ -34,6 +34,7 @@ from transformers import StaticCache
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
+from draftlab.models import kernels
 from draftlab.models.attention import attending_in_windows, read_window, window, windows
 from draftlab.models.cache import home
 from draftlab.models.loading import LoadedModel
@@ -93,8 +94,9 @@ PAD_GAIN = 0.9
 RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
 # (models/attention.py). 4: half-precision attention over an even number of query rows. 5: 4-bit
-# layers through draftlab's integer kernel. 6: 4-bit matrices that read one input in one call.
-PACKAGE_SCHEMA = 6
+# layers through draftlab's integer kernel. 6: 4-bit matrices that read one input in one call. 7:
+# draftlab's kernels called through their C entry points, not the proxy executor.
+PACKAGE_SCHEMA = 7
 
 
 def static_length(needed: int, limit: int | None = None) -> int:
@@ -430,6 +432,7 @@ def ready_package(path: Path, build) -> tuple[object, bool]:
         earlier = path.exists()
         if not earlier:
             build(path)
+    kernels.load()  # the package calls draftlab's kernels by their C names (write_package)
     return FlatRunner(torch._inductor.aoti_load_package(str(path))), earlier
 
 
@@ -465,9 +468,10 @@ def write_package(program, path: Path, dtype: str) -> None:
         try:
             with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
                 warnings.simplefilter("ignore", UserWarning)
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
-                )
+                with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": kernels.c_shims()}):
+                    torch._inductor.aoti_compile_and_package(
+                        program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
+                    )
         except Exception as error:  # noqa: BLE001 - a missing or failing C++ compiler, among others
             partial.unlink(missing_ok=True)
             raise DraftlabError(

@@ -6,11 +6,12 @@
 
 They are built once per torch version and source on first use, with torch's own extension builder,
 into the draftlab home, and registered as the operators `draftlab::q4_1_q8_mm`,
-`draftlab::q8_0_q8_mm` and `draftlab::attend`, which exported programs and compiled packages call
-like any other."""
+`draftlab::q8_0_q8_mm` and `draftlab::attend`, which exported programs call like any other;
+compiled packages call their C entry points directly (`c_shims`)."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -70,6 +71,9 @@ def load() -> None:
             f"draftlab's 4-bit CPU kernels did not build in '{build}' (it needs a C++ compiler and ninja): "
             f"{first_line(exc)}"
         ) from None
+    # torch loaded the library for this process only; a compiled package calls its C entry points
+    # (`c_shims`) by name, so they join the global symbols before any package is loaded.
+    ctypes.CDLL(str(build / f"draftlab_quant_mm_{digest()}.so"), mode=os.RTLD_GLOBAL)
 
     @torch.library.register_fake("draftlab::q4_1_q8_mm")
     def _(x, codes, scales, minima, isa=-1):
@@ -82,6 +86,28 @@ def load() -> None:
     @torch.library.register_fake("draftlab::attend")
     def _(q, k, v, mask, scale, isa=-1):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+
+
+def c_shims() -> dict:
+    """inductor's `aot_inductor.custom_ops_to_c_shims` for draftlab's operators: a package built with
+    it calls each kernel's C entry point (quant_mm.cpp, attend.cpp) directly rather than through
+    its proxy executor, which boxes every argument on each call."""
+    load()
+    ops = torch.ops.draftlab
+    return {
+        ops.q4_1_q8_mm.default: [
+            "AOTITorchError aoti_torch_cpu_q4_1_q8_mm(AtenTensorHandle x, AtenTensorHandle codes, "
+            "AtenTensorHandle scales, AtenTensorHandle minima, int64_t isa, AtenTensorHandle* ret0)"
+        ],
+        ops.q8_0_q8_mm.default: [
+            "AOTITorchError aoti_torch_cpu_q8_0_q8_mm(AtenTensorHandle x, AtenTensorHandle codes, "
+            "AtenTensorHandle scales, int64_t isa, AtenTensorHandle* ret0)"
+        ],
+        ops.attend.default: [
+            "AOTITorchError aoti_torch_cpu_attend(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, "
+            "AtenTensorHandle* mask, double scale, int64_t isa, AtenTensorHandle* ret0)"
+        ],
+    }
 
 
 def isa() -> str:

@@ -14,6 +14,8 @@
 // and the scalar one compute the same bits; which runs follows ATEN_CPU_CAPABILITY (quant_mm.cpp).
 
 #include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -532,3 +534,16 @@ TORCH_LIBRARY_FRAGMENT(draftlab, m) {
 }
 
 TORCH_LIBRARY_IMPL(draftlab, CPU, m) { m.impl("attend", &attend); }
+
+// The C entry point compiled packages call (quant_mm.cpp says why).
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_attend(
+    AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, AtenTensorHandle* mask, double scale, int64_t isa,
+    AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    const std::optional<at::Tensor> m = torch::aot_inductor::pointer_to_optional<at::Tensor>(mask);
+    *ret0 = torch::aot_inductor::new_tensor_handle(attend(*tensor_handle_to_tensor_pointer(q),
+                                                          *tensor_handle_to_tensor_pointer(k),
+                                                          *tensor_handle_to_tensor_pointer(v), m, scale, isa));
+  });
+}

@@ -14,6 +14,8 @@
 // [tile][block][16].
 
 #include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -406,3 +408,28 @@ TORCH_LIBRARY_IMPL(draftlab, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(draftlab, CompositeExplicitAutograd, m) { m.impl("q8_isa", &q8_isa); }
+
+// C entry points that compiled packages call directly (inductor's aot_inductor.custom_ops_to_c_shims,
+// named as it names them: aoti_torch_cpu_<op>), instead of through the package's boxed proxy
+// executor, which a pass of the 4-bit target crossed about 150 times (models/kernels/__init__.py).
+#define DRAFTLAB_SHIM extern "C" __attribute__((visibility("default"))) AOTITorchError
+
+DRAFTLAB_SHIM aoti_torch_cpu_q4_1_q8_mm(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
+                                        AtenTensorHandle minima, int64_t isa, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret0 = torch::aot_inductor::new_tensor_handle(
+        q4_1_q8_mm(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(codes),
+                   *tensor_handle_to_tensor_pointer(scales), *tensor_handle_to_tensor_pointer(minima), isa));
+  });
+}
+
+DRAFTLAB_SHIM aoti_torch_cpu_q8_0_q8_mm(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
+                                        int64_t isa, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    *ret0 = torch::aot_inductor::new_tensor_handle(q8_0_q8_mm(*tensor_handle_to_tensor_pointer(x),
+                                                              *tensor_handle_to_tensor_pointer(codes),
+                                                              *tensor_handle_to_tensor_pointer(scales), isa));
+  });
+}
