@@ -301,7 +301,9 @@ class CompiledSteps:
         if runner is None:
             t0 = time.perf_counter()
             path = package_path(self.lm, length, self.masked)
-            runner, self.loaded[length] = ready_package(path, lambda p: self._build(cache, p))
+            runner, self.loaded[length] = ready_package(
+                path, lambda p: self._build(cache, p), calls_kernels=bool(self.lm.storage)
+            )
             self._check_one_token(runner, cache)
             # At most one package of a model resident: a longer bucket's serves every shorter one.
             keep_longest(self.runners, self.caches, length)
@@ -423,16 +425,18 @@ def keep_longest(runners: dict, caches: dict, length: int) -> None:
         caches.pop(shorter, None)
 
 
-def ready_package(path: Path, build) -> tuple[object, bool]:
+def ready_package(path: Path, build, calls_kernels: bool = False) -> tuple[object, bool]:
     """(the package at `path`, loaded; whether an earlier run had built it). `build(path)` makes it
     first where it is absent. Another process (a second run, a test worker) may be building the
-    same package: wait for it and load its package rather than compile it again."""
+    same package: wait for it and load its package rather than compile it again. `calls_kernels`:
+    the model runs draftlab's kernels (a 4-bit model), which its package calls by their C names."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_suffix(".lock"))):
         earlier = path.exists()
         if not earlier:
             build(path)
-    kernels.load()  # the package calls draftlab's kernels by their C names (write_package)
+    if calls_kernels:
+        kernels.load()
     return FlatRunner(torch._inductor.aoti_load_package(str(path))), earlier
 
 
@@ -468,7 +472,8 @@ def write_package(program, path: Path, dtype: str) -> None:
         try:
             with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
                 warnings.simplefilter("ignore", UserWarning)
-                with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": kernels.c_shims()}):
+                shims = kernels.c_shims() if kernels.calls_kernels(program) else {}
+                with torch._inductor.config.patch({"aot_inductor.custom_ops_to_c_shims": shims}):
                     torch._inductor.aoti_compile_and_package(
                         program, package_path=str(partial), inductor_configs=inductor_configs(dtype)
                     )

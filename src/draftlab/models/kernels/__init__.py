@@ -54,7 +54,7 @@ def load() -> None:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     build.mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load(
+        library = cpp_extension.load(
             name=f"draftlab_quant_mm_{digest()}",
             sources=list(SOURCES),
             build_directory=str(build),
@@ -73,7 +73,7 @@ def load() -> None:
         ) from None
     # torch loaded the library for this process only; a compiled package calls its C entry points
     # (`c_shims`) by name, so they join the global symbols before any package is loaded.
-    ctypes.CDLL(str(build / f"draftlab_quant_mm_{digest()}.so"), mode=os.RTLD_GLOBAL)
+    ctypes.CDLL(str(library), mode=os.RTLD_GLOBAL)
 
     @torch.library.register_fake("draftlab::q4_1_q8_mm")
     def _(x, codes, scales, minima, isa=-1):
@@ -86,6 +86,11 @@ def load() -> None:
     @torch.library.register_fake("draftlab::attend")
     def _(q, k, v, mask, scale, isa=-1):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+
+
+def calls_kernels(program) -> bool:
+    """Whether an exported program calls draftlab's operators (a 4-bit model's do; others none)."""
+    return any(getattr(node.target, "namespace", None) == "draftlab" for node in program.graph.nodes)
 
 
 def c_shims() -> dict:

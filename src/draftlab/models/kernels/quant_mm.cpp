@@ -411,7 +411,7 @@ TORCH_LIBRARY_IMPL(draftlab, CompositeExplicitAutograd, m) { m.impl("q8_isa", &q
 
 // C entry points that compiled packages call directly (inductor's aot_inductor.custom_ops_to_c_shims,
 // named as it names them: aoti_torch_cpu_<op>), instead of through the package's boxed proxy
-// executor, which a pass of the 4-bit target crossed about 150 times (models/kernels/__init__.py).
+// executor, which a pass of the 4-bit target crossed 151 times (docs/results.md, stop 71).
 #define DRAFTLAB_SHIM extern "C" __attribute__((visibility("default"))) AOTITorchError
 
 DRAFTLAB_SHIM aoti_torch_cpu_q4_1_q8_mm(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
