@@ -165,3 +165,28 @@ def test_dtype_auto_prices_cached_profiles_without_spot_checking_them(two_dtypes
     # The run's own set-up still checks it, and measures it again.
     assert profiles.machine_profile(models["float32"]).measured_at != "2026-11-27T00:00:00"
     assert "profiling it again" in capsys.readouterr().err
+
+
+def test_dtype_auto_spot_checks_its_winner_and_chooses_again_when_it_was_stale(
+    two_dtypes, monkeypatch, capsys
+):
+    """The dtype `--dtype auto` picks is spot-checked inside the choice (paths such as `generate
+    ar` set up no cost model that would check it), and the choice is made again where that
+    measured it anew. The dtypes that lost are never checked."""
+    name, models = two_dtypes
+    monkeypatch.setenv("DRAFTLAB_SPOT_CHECK", "1")  # off for the rest of the suite (conftest.py)
+    monkeypatch.setattr(profiles, "_SPOT_CHECKED", set())
+    # bfloat16's eager profile looks measured (it took a second) and claims 0.01 ms a step, far
+    # below what the tiny model takes; float32's is hand-written (never checked) at 0.5 ms.
+    stale = "2026-11-27T00:00:00"
+    bf16 = load_cached(models["bfloat16"])
+    flat = CostCurve([1, 2, 4, 8], [64, 256], [[0.01] * 4] * 2, [16, 256], [0.04] * 2)
+    save(models["bfloat16"], Profile(bf16.fingerprint, flat, 1, 1.0, stale))
+    _profile(models["float32"], False, 0.5)
+    dtype, record = _choose(name, False)
+    assert load_cached(models["bfloat16"]).measured_at != stale  # the winner was checked: measured again
+    assert "profiling it again" in capsys.readouterr().err
+    measured = load_cached(models["bfloat16"]).curve.forward_ms(1, 256)
+    assert measured > 0.5, measured  # a tiny model's eager step takes more than 0.5 ms in Python
+    assert dtype == "float32", record  # chosen again on the new profile
+    assert record["predicted_s"]["bfloat16"] > record["predicted_s"]["float32"]

@@ -44,7 +44,7 @@ def machine_profile(lm: LoadedModel, compiled: bool = False, check: bool = True)
 
     `compiled`: its compiled passes' profile (compiling them, untimed, if this process has not).
     `check=False`: a cached profile as it is, for comparing configurations that may not run: only
-    the one that runs is spot-checked (a noisy host once re-profiled eager float32 for minutes
+    the one chosen to run is spot-checked (a noisy host once re-profiled eager float32 for minutes
     before a `generate` that ran the 4-bit package)."""
     cached = load_cached(lm, compiled)
     kind = ", compiled passes" if compiled else ""
