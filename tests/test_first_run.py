@@ -10,7 +10,7 @@ import pytest
 
 from draftlab.hardware import compile_skip_reason
 from draftlab.models.compiled import choose_bucket, keep_longest, static_length
-from draftlab.models.cost_curve import CostCurve, Profile, pick_dtype
+from draftlab.models.cost_curve import CostCurve, Profile, pick_checked, pick_dtype
 from draftlab.models.loading import ModelSpec, draft_dtype, load_model
 from draftlab.models.profile import load_cached, save
 from draftlab.plan import dtypes as common
@@ -190,3 +190,26 @@ def test_dtype_auto_spot_checks_its_winner_and_chooses_again_when_it_was_stale(
     assert measured > 0.5, measured  # a tiny model's eager step takes more than 0.5 ms in Python
     assert dtype == "float32", record  # chosen again on the new profile
     assert record["predicted_s"]["bfloat16"] > record["predicted_s"]["float32"]
+
+
+def test_a_choice_spot_checks_only_its_winner_and_chooses_again_when_that_moved():
+    """`--dtype auto` and `--gguf-type auto` share the rule (models/cost_curve.py `pick_checked`):
+    every candidate is priced from its cached profile as it is, only the winner is checked, and a
+    winner whose check measured it anew is weighed again against the others."""
+    cached = {"q4_1": _curve(20.0, 1.2), "bfloat16": _curve(27.3, 1.0)}
+    now = {"q4_1": _curve(35.0, 1.2), "bfloat16": _curve(27.3, 1.0)}  # q4_1 was profiled on a quiet host
+    asked = []
+
+    def price(candidate: str, check: bool) -> CostCurve:
+        asked.append((candidate, check))
+        return (now if check else cached)[candidate]
+
+    pick, predicted, curves = pick_checked(["q4_1", "bfloat16"], price, 256, 64)
+    assert asked == [("q4_1", False), ("bfloat16", False), ("q4_1", True)]  # the loser never checked
+    assert pick == "bfloat16" and curves["q4_1"] is now["q4_1"]
+    assert predicted["q4_1"] > predicted["bfloat16"]
+    # A check that confirms the cached profile keeps the pick.
+    now["q4_1"] = cached["q4_1"]
+    asked.clear()
+    pick, _, _ = pick_checked(["q4_1", "bfloat16"], price, 256, 64)
+    assert pick == "q4_1" and [c for c in asked if c[1]] == [("q4_1", True)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -161,3 +161,25 @@ def pick_dtype(curves: dict[str, CostCurve], prompt_tokens: int, new_tokens: int
     fastest = min(predicted.values())
     tied = [d for d, ms in predicted.items() if ms <= fastest * (1 + TIE_BAND)]
     return min(tied, key=lambda d: (predicted[d] * verify_slope(curves[d]), predicted[d])), predicted
+
+
+def pick_checked(
+    candidates: Sequence[str],
+    price: Callable[[str, bool], CostCurve],
+    prompt_tokens: int,
+    new_tokens: int,
+) -> tuple[str, dict, dict[str, CostCurve]]:
+    """`pick_dtype` over `candidates`, each priced by `price(candidate, check)`: from its cached
+    profile as it is (check False), then only the winner spot-checked (check True), and the choice
+    made again where that measured it anew. Returns the pick, the predictions and the curves.
+
+    Spot-checking every candidate once re-profiled eager float32 for minutes on a noisy host
+    before a run of the 4-bit package; checking none left runs that set up no cost model of their
+    own (plain `ar`, fixed γ) on a stale profile."""
+    curves = {c: price(c, False) for c in candidates}
+    pick, predicted = pick_dtype(curves, prompt_tokens, new_tokens)
+    checked = price(pick, True)
+    if checked != curves[pick]:
+        curves[pick] = checked
+        pick, predicted = pick_dtype(curves, prompt_tokens, new_tokens)
+    return pick, predicted, curves

@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from draftlab.errors import DraftlabError
-from draftlab.models.cost_curve import TIE_BAND, compiled_wins, pick_dtype, verify_slope
+from draftlab.models.cost_curve import (
+    TIE_BAND,
+    CostCurve,
+    compiled_wins,
+    pick_checked,
+    verify_slope,
+)
 from draftlab.models.loading import DTYPES, LoadedModel, ModelSpec, candidate_dtypes
 from draftlab.models.profile import load_cached
 from draftlab.plan.configs import parse_list
@@ -32,33 +38,31 @@ class DtypeChoice:
 def choose_dtype(args: argparse.Namespace, name: str, device: str, attn: str | None) -> DtypeChoice:
     """`--dtype auto`: the dtype whose plain decoding (prefill + decode) is fastest here, by profile."""
     prompt_tokens = 256
-    curves, ways = {}, {}
+    ways: dict[str, str] = {}
     # Where bench decides compilation from the profiles (neither --compile nor --no-compile), each
     # dtype is priced the way it would run: compiled where its cached compiled profile wins by the
     # margin plan/compile.py applies. (On a Zen3, eager bfloat16 beat eager float32, 6.15 s against
     # 7.80, while compiled float32 was predicted 3.51 s and never considered.)
     joint = getattr(args, "compile", False) is None and device == "cpu"
 
-    def price(dtype: str, check: bool) -> None:
+    def price(dtype: str, check: bool) -> CostCurve:
         lm = load_spec(ModelSpec(name, dtype, device, attn))
-        curves[dtype], ways[dtype] = machine_profile(lm, check=check).curve, "eager"
         compiled = load_cached(lm, compiled=True) if joint else None
-        if compiled is not None and compiled_wins(
-            curves[dtype], compiled.curve, prompt_tokens, args.max_new_tokens
-        ):
-            curves[dtype], ways[dtype] = compiled.curve, "compiled"
 
-    # Every dtype is priced from its cached profile as it is; only the winner's eager profile is
-    # spot-checked, and the choice made again where that measured it anew (a noisy host once
-    # re-profiled eager float32 for minutes before a run of the 4-bit package).
-    for dtype in candidate_dtypes(name, device):
-        price(dtype, check=False)
-    dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
-    if ways[dtype] == "eager":
-        before = curves[dtype]
-        price(dtype, check=True)
-        if curves[dtype] != before:
-            dtype, predicted = pick_dtype(curves, prompt_tokens, args.max_new_tokens)
+        def runs_compiled(eager: CostCurve) -> bool:
+            return compiled is not None and compiled_wins(
+                eager, compiled.curve, prompt_tokens, args.max_new_tokens
+            )
+
+        eager = machine_profile(lm, check=False).curve
+        if check and not runs_compiled(eager):  # compiled profiles are never spot-checked
+            eager = machine_profile(lm, check=True).curve
+        ways[dtype] = "compiled" if runs_compiled(eager) else "eager"
+        return compiled.curve if ways[dtype] == "compiled" else eager
+
+    dtype, predicted, curves = pick_checked(
+        candidate_dtypes(name, device), price, prompt_tokens, args.max_new_tokens
+    )
     others = ", ".join(f"{d} {ways[d]} {ms / 1000:.2f} s" for d, ms in predicted.items() if d != dtype)
     reason = (
         f"plain decoding of a {prompt_tokens}-token prompt + {args.max_new_tokens} tokens is predicted "

