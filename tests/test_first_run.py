@@ -149,9 +149,10 @@ def test_among_tied_dtypes_the_cheapest_verification_wins():
 
 
 def test_dtype_auto_prices_cached_profiles_without_spot_checking_them(two_dtypes, monkeypatch, capsys):
-    """Comparing dtypes reads their cached profiles as they are; only the one that runs is
-    spot-checked when its run sets up (a noisy host once re-profiled eager float32 for minutes
-    before a run of the 4-bit package)."""
+    """Comparing dtypes reads their cached profiles as they are (a noisy host once re-profiled
+    eager float32 for minutes before a run of the 4-bit package). The winner here runs compiled,
+    and compiled profiles are never spot-checked, so its stale eager profile waits for a run that
+    sets up eagerly."""
     name, models = two_dtypes
     monkeypatch.setenv("DRAFTLAB_SPOT_CHECK", "1")  # off for the rest of the suite (conftest.py)
     monkeypatch.setattr(profiles, "_SPOT_CHECKED", set())
