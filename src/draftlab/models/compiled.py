@@ -301,9 +301,9 @@ class CompiledSteps:
         if runner is None:
             t0 = time.perf_counter()
             path = package_path(self.lm, length, self.masked)
-            runner, self.loaded[length] = ready_package(
-                path, lambda p: self._build(cache, p), calls_kernels=bool(self.lm.storage)
-            )
+            if self.lm.storage:  # a 4-bit model's package calls draftlab's kernels by their C names
+                kernels.load()
+            runner, self.loaded[length] = ready_package(path, lambda p: self._build(cache, p))
             self._check_one_token(runner, cache)
             # At most one package of a model resident: a longer bucket's serves every shorter one.
             keep_longest(self.runners, self.caches, length)
@@ -425,18 +425,15 @@ def keep_longest(runners: dict, caches: dict, length: int) -> None:
         caches.pop(shorter, None)
 
 
-def ready_package(path: Path, build, calls_kernels: bool = False) -> tuple[object, bool]:
+def ready_package(path: Path, build) -> tuple[object, bool]:
     """(the package at `path`, loaded; whether an earlier run had built it). `build(path)` makes it
     first where it is absent. Another process (a second run, a test worker) may be building the
-    same package: wait for it and load its package rather than compile it again. `calls_kernels`:
-    the model runs draftlab's kernels (a 4-bit model), which its package calls by their C names."""
+    same package: wait for it and load its package rather than compile it again."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_suffix(".lock"))):
         earlier = path.exists()
         if not earlier:
             build(path)
-    if calls_kernels:
-        kernels.load()
     return FlatRunner(torch._inductor.aoti_load_package(str(path))), earlier
 
 
