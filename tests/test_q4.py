@@ -331,3 +331,49 @@ def test_prompts_run_a_copy_in_bfloat16_only_where_it_is_native(monkeypatch, nat
 
     monkeypatch.setattr(hardware, "native_bf16", lambda: native)
     assert q4.dense_dtype.__wrapped__() == want
+
+
+def _write_gguf(path, rows: int) -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    weight = np.random.default_rng(0).standard_normal((rows, 64)).astype(np.float32)
+    writer.add_tensor(
+        "blk.0.attn_q.weight",
+        quants.quantize(weight, GGMLQuantizationType.Q4_1),
+        raw_dtype=GGMLQuantizationType.Q4_1,
+    )
+    writer.add_tensor(
+        "output.weight",
+        quants.quantize(weight, GGMLQuantizationType.Q8_0),
+        raw_dtype=GGMLQuantizationType.Q8_0,
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_gguf_is_parsed_once_per_file_version(tmp_path, monkeypatch):
+    """Loading a 4-bit target asks its GGUF three things (is it Q4_1, its matrices, its head); a
+    parse reads every metadata field, seconds for the default target's, so it happens once, and
+    again only when the file changes."""
+    import gguf
+
+    reads = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            reads.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, 32)
+    assert q4._is_q4_1(path)
+    head = q4.gguf_head(path)
+    assert head is not None and head.codes.shape == (32, 64)
+    assert len(reads) == 1
+    _write_gguf(path, 48)  # another file at the same path: read anew
+    assert q4.gguf_head(path).codes.shape == (48, 64)
+    assert len(reads) == 2
