@@ -14,7 +14,7 @@ import torch
 from tolerance import sum_tol
 
 from draftlab.proposal import Proposal
-from draftlab.sampling import Sampler, SamplingParams, warp_probs
+from draftlab.sampling import Sampler, SamplingParams, argmax_rows, warp_probs
 from draftlab.verify.rules import AcceptanceRule, BildRule, SpeculativeRule, Verdict
 
 GREEDY = SamplingParams()
@@ -89,6 +89,27 @@ def test_greedy_chain_keeps_the_longest_agreeing_prefix_and_adds_the_target_toke
     assert rule.verify(Proposal([0, 0, 3]), logits, GREEDY, None) == Verdict(0, 3)
     # No proposal: a plain step.
     assert rule.verify(Proposal([]), logits[:1], GREEDY, None) == Verdict(0, 3)
+
+
+def test_greedy_verification_reads_only_the_rows_up_to_the_first_mismatch(monkeypatch):
+    """An argmax over a real vocabulary costs microseconds a row, and most rounds stop early: the
+    rows after the first disagreement (or past a tree's path) are never read."""
+    from draftlab.verify import rules
+
+    read: list[int] = []
+
+    def counting(rows):
+        read.append(rows.shape[0])
+        return argmax_rows(rows)
+
+    monkeypatch.setattr(rules, "argmax_rows", counting)
+    logits = logits_of(P2, P, P3[:3] + [0.26], P2, P, P2)  # argmaxes: 3, 0, 3, 3, 0, 3
+    assert SpeculativeRule().verify(Proposal([3, 1, 3, 3, 0]), logits, GREEDY, None) == Verdict(1, 0)
+    assert sum(read) == 2
+    read.clear()
+    tree = Proposal([3, 2, 0, 1, 1], parents=[-1, -1, 0, 0, 2])  # the path 3, 0 is the target's
+    assert SpeculativeRule().verify(tree, logits, GREEDY, None) == Verdict(2, 3, [0, 2])
+    assert sum(read) == 3
 
 
 def test_greedy_bonus_token_is_the_row_after_the_last_accepted():
