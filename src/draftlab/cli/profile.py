@@ -21,9 +21,9 @@ from draftlab.drafters.eagle3.io import load_head_lm
 from draftlab.errors import DraftlabError
 from draftlab.files import atomic_path, write_text
 from draftlab.hardware import compile_skip_reason, fingerprint_key, hardware
-from draftlab.models.bandwidth import cached_bandwidth, limit_ms, weight_bytes
+from draftlab.models.bandwidth import HEADROOM, cached_bandwidth, least_decoding_ms, limit_ms, weight_bytes
 from draftlab.models.cached import compiles
-from draftlab.models.cost_curve import Profile, compiled_wins, pick_dtype, verify_slope
+from draftlab.models.cost_curve import Profile, compiled_wins, out_of_reach, pick_dtype, verify_slope
 from draftlab.models.loading import ModelSpec, candidate_dtypes, draft_dtype
 from draftlab.models.profile import load_or_measure, profile_dir
 from draftlab.outputs import check_folder, claim_folder
@@ -31,6 +31,8 @@ from draftlab.plan.profiles import load_spec
 from draftlab.plan.roles import DEFAULT_DRAFT, DEFAULT_TARGET, head_name
 
 BREAK_EVEN_KS = (1, 2, 3, 4, 6, 8, 10)
+# The prompt `--dtype auto` prices plain decoding with (plan/dtypes.py), here too.
+REFERENCE_PROMPT = 256
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -146,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     ways = dict.fromkeys(curves, "eager")
     if args.compile:
         isa = hw.get("isa_flags", [])
-        for dtype in dtypes:
-            skip = compile_skip_reason(dtype, isa)
+        for dtype in compile_order(dtypes, results["bandwidth_limit"]):
+            skip = compile_skip_reason(dtype, isa) or out_of_reach_reason(
+                dtype, results["bandwidth_limit"], curves, ways, bandwidth, args.max_new_tokens
+            )
             if skip is not None:
                 console.print(f"[dim]no compiled {dtype} package: {skip}[/]")
                 results.setdefault("compile_skipped", {})[dtype] = skip
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
                 compiled = _profile(
                     console, args, results, "target", target, bandwidth, compiled=True, bucket_need=need
                 )
-                if compiled_wins(curves[dtype], compiled.curve, 256, args.max_new_tokens):
+                if compiled_wins(curves[dtype], compiled.curve, REFERENCE_PROMPT, args.max_new_tokens):
                     ways[dtype], curves[dtype] = "compiled", compiled.curve  # as bench would run it
             except DraftlabError as error:
                 # No package here (no C++ compiler, a model that does not export): the eager
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     if not registry.get(args.engine).reads_weights:
         results["engine"] = args.engine
     else:
-        chosen, predicted = pick_dtype(curves, 256, args.max_new_tokens)
+        chosen, predicted = pick_dtype(curves, REFERENCE_PROMPT, args.max_new_tokens)
         if ways[chosen] == "compiled" and draft_name is not None:
             _compiled_draft(console, args, results, draft_name, chosen, bandwidth)
         if ways[chosen] == "compiled" and head_name(args) is not None:
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             "ways": ways,
         }
         console.print(
-            f"--dtype auto picks [bold]{chosen} {ways[chosen]}[/]: predicted plain decoding of a 256-token "
+            f"--dtype auto picks [bold]{chosen} {ways[chosen]}[/]: predicted plain decoding of a {REFERENCE_PROMPT}-token "
             f"prompt + {args.max_new_tokens} tokens: "
             + ", ".join(
                 f"{d} {ways[d]} {v / 1000:.2f} s (4 drafts verified at {verify_slope(curves[d]):.2f}× a step)"
@@ -194,6 +198,37 @@ def run(args: argparse.Namespace) -> int:
     _plot(results, out_dir / "profile.png")
     console.print(f"wrote profile.json and profile.png in {out_dir}")
     return 0
+
+
+def compile_order(dtypes: list[str], limits: dict) -> list[str]:
+    """The dtypes whose packages are built, fewest bytes a step first: the lightest one's measured
+    passes can put the heavier ones out of reach before minutes go into building them."""
+    return sorted(dtypes, key=lambda d: limits.get(f"target/{d}", {}).get("weight_bytes", float("inf")))
+
+
+def out_of_reach_reason(
+    dtype: str, limits: dict, curves: dict, ways: dict, bandwidth, new_tokens: int
+) -> str | None:
+    """Why `dtype` needs no package here, or None: reading its weights once a token, at this
+    machine's memory bandwidth, would take longer than plain decoding in another dtype is already
+    predicted to (on the Zen5, float32's package took 141 s of a cold first run's 14 min 25 s to
+    build, and it runs at 3.7x the 4-bit package's time a token)."""
+    weights = limits.get(f"target/{dtype}", {}).get("weight_bytes")
+    if bandwidth is None or weights is None:
+        return None
+    predicted = {d: curve.plain_decoding_ms(REFERENCE_PROMPT, new_tokens) for d, curve in curves.items()}
+    best = min((d for d in predicted if d != dtype), key=predicted.__getitem__, default=None)
+    if best is None:
+        return None
+    least = least_decoding_ms(weights, bandwidth, new_tokens)
+    if not out_of_reach(least, predicted[best]):
+        return None
+    return (
+        f"even at this machine's memory bandwidth ({bandwidth.gb_per_s:.1f} GB/s, with {HEADROOM}x headroom) "
+        f"its plain decoding of {new_tokens} tokens would take at least {least / 1000:.2f} s, over "
+        f"{best} {ways[best]}'s predicted {predicted[best] / 1000:.2f} s for a {REFERENCE_PROMPT}-token "
+        "prompt and as many tokens"
+    )
 
 
 def _compiled_draft(console: Console, args, results: dict, name: str, dtype: str, bandwidth) -> None:

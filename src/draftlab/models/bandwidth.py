@@ -83,3 +83,16 @@ def weight_bytes(lm) -> int:
 def limit_ms(weight_bytes_: int, bandwidth: Bandwidth) -> float:
     """The least time one plain decoding step can take on this machine, in ms."""
     return weight_bytes_ / (bandwidth.gb_per_s * 1e9) * 1000
+
+
+# How far below the measured limit a real step might still go (a part of the weights staying in the
+# last-level cache, a read faster than torch's sum): none measured here came closer than 1.4x the
+# limit (docs/results.md: llama.cpp, our compiled passes, float32 to 4-bit), so a bound divided by
+# this much is one no engine has broken.
+HEADROOM = 1.5
+
+
+def least_decoding_ms(weight_bytes_: int, bandwidth: Bandwidth, new_tokens: int) -> float:
+    """A lower bound on plain decoding of `new_tokens` here, in ms: a step per token after the
+    first (the prefill's, bounded by nothing), each reading every weight once."""
+    return max(new_tokens - 1, 0) * limit_ms(weight_bytes_, bandwidth) / HEADROOM

@@ -163,6 +163,13 @@ def pick_dtype(curves: dict[str, CostCurve], prompt_tokens: int, new_tokens: int
     return min(tied, key=lambda d: (predicted[d] * verify_slope(curves[d]), predicted[d])), predicted
 
 
+def out_of_reach(least_ms: float, best_ms: float) -> bool:
+    """Whether a way of running whose plain decoding cannot take less than `least_ms` can be
+    passed over unmeasured, `best_ms` being the fastest predicted already: even at its bound it
+    would lie outside the band `pick_dtype` treats as tied with the fastest."""
+    return least_ms > best_ms * (1 + TIE_BAND)
+
+
 def pick_checked(
     candidates: Sequence[str],
     price: Callable[[str, bool], CostCurve],
