@@ -211,12 +211,13 @@ def out_of_reach_reason(
 ) -> str | None:
     """Why `dtype` needs no package here, or None: reading its weights once a token, at this
     machine's memory bandwidth, would take longer than plain decoding in another dtype is already
-    predicted to (on the Zen5, float32's package took 141 s of a cold first run's 14 min 25 s to
-    build, and it runs at 3.7x the 4-bit package's time a token)."""
+    predicted to by more than the tie band (on the Zen5, float32's package took 141 s of a cold
+    first run's 14 min 25 s to build, for plain decoding predicted at 1.28 s against the 4-bit
+    package's 0.35 s)."""
     weights = limits.get(f"target/{dtype}", {}).get("weight_bytes")
     if bandwidth is None or weights is None:
         return None
-    predicted = {d: curve.plain_decoding_ms(REFERENCE_PROMPT, new_tokens) for d, curve in curves.items()}
+    _, predicted = pick_dtype(curves, REFERENCE_PROMPT, new_tokens)
     best = min((d for d in predicted if d != dtype), key=predicted.__getitem__, default=None)
     if best is None:
         return None

@@ -58,9 +58,9 @@ def _picks(
 
 class _Picks:
     """The target's tokens made row by row as the rule reads them: a round stops at its first
-    mismatch, and no row is free (a keyed sample's warp sorts the vocabulary; an argmax over
-    49,152 bfloat16 logits took about 6 us a row on the Zen5, 9 rows 53 us, for rounds that read
-    2-3 rows of them on average)."""
+    mismatch, and no row is free (a keyed sample's warp sorts the vocabulary; the argmax of 49,152
+    bfloat16 logits took 10 us for one row and 53 us for 9 on the Zen5, and a pld generation of 256
+    tokens read 257 rows this way instead of 384)."""
 
     def __init__(self, logits: torch.Tensor, pick: Callable[[torch.Tensor, int], int]) -> None:
         self.logits, self.pick = logits, pick
