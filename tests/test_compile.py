@@ -41,7 +41,7 @@ from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import QUICK_SIZES, find_cached, measure, profile_path, profile_points, save
 from draftlab.models.prompting import encode_prompt
 from draftlab.plan.profiles import cost_model
-from draftlab.sampling import SamplingParams
+from draftlab.sampling import SamplingParams, argmax_rows
 
 TREE_METHODS = ("pld-tree", "suffix", "hybrid", "sps-tree", "eagle-tree")
 
@@ -185,6 +185,28 @@ def test_compiled_ar_sps_and_pld_write_plain_decodings_tokens(story_model):
         assert_greedy_equal(story_model, ids, got.tokens, plain.tokens, f"compiled {method}")
         if method == "pld":  # rejected lookups: the static cache is cropped back many times
             assert got.stats.accepted > 0 and got.stats.rollbacks > 10
+
+
+def test_a_compiled_pass_returns_each_rows_argmax_beside_its_logits(story_model):
+    """Greedy rules read the ids a package made (verify/rules.py): they must be its logits' argmax,
+    row for row, for chains of every compiled length and after a padded pass; an eager pass (the
+    prompt) makes none, and its rows are read from the logits."""
+    ids = encode_prompt(story_model, "Once upon a time, there was a little girl named Lily.", chat=False)
+    target = CachedModel(story_model, compiled=True)
+    target.start(ids)
+    target.forward(ids)
+    assert target.argmax is None
+    for n in (1, 2, 5, MAX_PASS):
+        logits = target.forward(list(range(10, 10 + n)))
+        assert target.argmax is not None and target.argmax.tolist() == argmax_rows(logits)
+        part = target.forward([3, 4, 5], keep=2)
+        assert target.argmax.tolist() == argmax_rows(part) and len(part) == 2
+    before, target.compiled.pad_single = target.compiled.pad_single, True  # one token run as two
+    try:
+        logits = target.forward([7])
+        assert target.argmax.tolist() == argmax_rows(logits) and len(logits) == 1
+    finally:
+        target.compiled.pad_single = before
 
 
 def test_a_draft_model_drafts_through_its_own_compiled_passes(story_model, stories):

@@ -112,6 +112,31 @@ def test_greedy_verification_reads_only_the_rows_up_to_the_first_mismatch(monkey
     assert sum(read) == 3
 
 
+def test_greedy_rules_read_the_argmax_a_pass_made_instead_of_its_logits(monkeypatch):
+    """A compiled pass returns each row's argmax (models/compiled.py): greedy verification then reads
+    no logits at all. The ids given here disagree with the logits on purpose, so a rule that read
+    the logits would give another verdict."""
+    from draftlab.verify import rules
+
+    read: list[int] = []
+    monkeypatch.setattr(rules, "argmax_rows", lambda rows: read.append(1) or argmax_rows(rows))
+    logits = logits_of(P2, P, P3[:3] + [0.26], P2)  # argmaxes 3, 0, 3, 3
+    made = torch.tensor([3, 1, 2, 0])
+    rule = SpeculativeRule()
+    assert rule.verify(Proposal([3, 0, 3]), logits, GREEDY, None) == Verdict(3, 3)
+    read.clear()
+    assert rule.verify(Proposal([3, 0, 3]), logits, GREEDY, None, argmax=made) == Verdict(1, 1)
+    assert rule.verify(Proposal([3, 1, 2]), logits, GREEDY, None, argmax=made) == Verdict(3, 0)
+    tree = Proposal([3, 1, 2], parents=[-1, 0, -1])  # root -> 3 -> 1; root -> 2
+    assert rule.verify(tree, logits, GREEDY, None) == Verdict(1, 0, [0])
+    read.clear()
+    assert rule.verify(tree, logits, GREEDY, None, argmax=made) == Verdict(2, 2, [0, 1])
+    assert BildRule().verify(Proposal([]), logits[:1], GREEDY, None, argmax=made) == Verdict(0, 3)
+    fell_back = Proposal([2], fell_back=True)
+    assert BildRule(math.inf).verify(fell_back, logits[:2], GREEDY, None, argmax=made) == Verdict(1, 1)
+    assert read == []
+
+
 def test_greedy_bonus_token_is_the_row_after_the_last_accepted():
     logits = logits_of(P, P2)  # argmaxes 0, 3
     assert SpeculativeRule().verify(Proposal([0]), logits, GREEDY, None) == Verdict(1, 3)

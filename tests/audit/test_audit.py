@@ -63,7 +63,7 @@ def test_audit_passes_on_a_real_pair_with_power(pair, capsys, tmp_path):
 class AcceptEveryDraftRule(AcceptanceRule):
     """Keeps every draft token, the target's argmax or not."""
 
-    def verify(self, proposal, target_logits, params, sampler, position=0):
+    def verify(self, proposal, target_logits, params, sampler, position=0, argmax=None):
         return Verdict(len(proposal.tokens), int(torch.argmax(target_logits[len(proposal.tokens)])))
 
 

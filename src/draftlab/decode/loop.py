@@ -160,7 +160,14 @@ class SpeculativeDecoder:
             t_accept = synchronized_clock(devices)
             # The pass itself, where the target times its model's own call (another engine's: all of it).
             pass_s = t_accept - t_pass if model_s is None else target.model_s - model_s
-            verdict = self.rule.verify(proposal, target_logits, params, sampler, position=len(sequence))
+            verdict = self.rule.verify(
+                proposal,
+                target_logits,
+                params,
+                sampler,
+                position=len(sequence),
+                argmax=getattr(target, "argmax", None),
+            )
             kept = verdict.kept()
             if tree is not None:
                 target.keep_path(len(sequence), kept)

@@ -65,6 +65,9 @@ class CachedModel:
         self._tokens: list[int] = []  # the sequence fed so far (needed without a cache)
         self._tree: TreeArea | None = None  # the token tree being fed, if any
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
+        # The argmax of the last forward's returned rows, where its pass made them (a compiled
+        # package's, models/compiled.py); None after an eager pass.
+        self.argmax: torch.Tensor | None = None
         if self.compiled is not None:
             self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
 
@@ -189,6 +192,8 @@ class CachedModel:
         if features:
             n = len(new_ids)
             self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
+        made = getattr(out, "argmax", None)
+        self.argmax = None if made is None else made[0, -keep:]
         return out.logits[0, -keep:]
 
     def _exact_width_now(self) -> int | None:
@@ -200,14 +205,16 @@ class CachedModel:
     def _in_passes_of(self, width: int, new_ids: list[int], keep: int | None, features: tuple[int, ...]):
         """A pass longer than exact mode's width, run as passes of that width: each row is then
         scored as in plain decoding, whatever the length of the whole."""
-        logits, hidden = [], []
+        logits, hidden, picks = [], [], []
         for i in range(0, len(new_ids), width):
             logits.append(self.forward(new_ids[i : i + width], features=features))
+            picks.append(self.argmax)
             if features:
                 hidden.append(self.features)
         if features:
             self.features = torch.cat(hidden)
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
+        self.argmax = None if any(p is None for p in picks) else torch.cat(picks)[-keep:]
         return torch.cat(logits)[-keep:]
 
     def warm(
@@ -278,7 +285,7 @@ class CachedModel:
             self._cache, feed, kwargs.get("position_ids"), kwargs.get("attention_mask"), pad_to=pad_to
         )
         hidden = out.hidden_states if kwargs.get("output_hidden_states") else None
-        return SimpleNamespace(logits=out.logits, hidden_states=hidden)
+        return SimpleNamespace(logits=out.logits, argmax=out.argmax, hidden_states=hidden)
 
     @torch.inference_mode()
     def keep_path(self, base: int, path: list[int]) -> None:

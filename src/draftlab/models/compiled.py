@@ -95,8 +95,9 @@ RESERVE = MAX_PASS + 1
 # 2: positions and a 4-D mask over the bucket are inputs (token trees). 3: and the window's length
 # (models/attention.py). 4: half-precision attention over an even number of query rows. 5: 4-bit
 # layers through draftlab's integer kernel. 6: 4-bit matrices that read one input in one call. 7:
-# draftlab's kernels called through their C entry points, not the proxy executor.
-PACKAGE_SCHEMA = 7
+# draftlab's kernels called through their C entry points, not the proxy executor. 8: each row's
+# argmax as a second output.
+PACKAGE_SCHEMA = 8
 
 
 def static_length(needed: int, limit: int | None = None) -> int:
@@ -108,7 +109,11 @@ def static_length(needed: int, limit: int | None = None) -> int:
 
 
 class StaticStep(torch.nn.Module):
-    """A pass over a static cache whose tensors come in as arguments: (logits, *hidden states).
+    """A pass over a static cache whose tensors come in as arguments: (logits, argmax, *hidden
+    states). The argmax of each row is made inside the pass: greedy verification then reads a few
+    ids instead of the logits, which the pass's threads wrote on both cores (widening and reading
+    one row of 49,152 bfloat16 logits on the core that did not write it took 90-140 us after a
+    compiled pass on the Zen5, 12 us a moment later; docs/results.md).
 
     Masked, `positions` [1, n] and the additive `mask` [1, 1, n, bucket] come in too: a chain's
     are causal, a token tree's let each node see the sequence and its own ancestors only
@@ -141,7 +146,7 @@ class StaticStep(torch.nn.Module):
             output_hidden_states=True,
             **extra,
         )
-        return (out.logits, *out.hidden_states)
+        return (out.logits, out.logits.argmax(-1), *out.hidden_states)
 
 
 def compiled_dir() -> Path:
@@ -271,7 +276,7 @@ class CompiledSteps:
         out = runner(*args)
         self.run_s += time.perf_counter() - t0
         self.calls += 1
-        return SimpleNamespace(logits=out[0], hidden_states=tuple(out[1:]))
+        return SimpleNamespace(logits=out[0], argmax=out[1], hidden_states=tuple(out[2:]))
 
     def _padded(self, cache, input_ids, positions, mask, rows: int, whole: bool) -> SimpleNamespace:
         """The pass as one of `rows` rows: the last token repeated after the real ones, as a chain
@@ -289,7 +294,9 @@ class CompiledSteps:
         for layer in cache.layers:
             layer.cumulative_length.sub_(rows - n)
         return SimpleNamespace(
-            logits=out.logits[:, :n], hidden_states=tuple(h[:, :n] for h in out.hidden_states)
+            logits=out.logits[:, :n],
+            argmax=out.argmax[:, :n],
+            hidden_states=tuple(h[:, :n] for h in out.hidden_states),
         )
 
     def runner(self, cache: StaticCache):

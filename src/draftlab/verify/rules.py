@@ -38,18 +38,27 @@ class AcceptanceRule:
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
+        argmax: torch.Tensor | None = None,
     ) -> Verdict:
         """`target_logits` is [k+1, V]: row i is the target's distribution for position i of the block,
-        whose first token sits at `position` of the sequence."""
+        whose first token sits at `position` of the sequence. `argmax`: each row's argmax where the
+        target's pass made it (a compiled package's, models/compiled.py), which greedy rules read
+        instead of the logits."""
         raise NotImplementedError
 
 
 def _picks(
-    logits: torch.Tensor, params: SamplingParams, sampler: Sampler | None, positions: list[int]
-) -> _Picks | None:
+    logits: torch.Tensor,
+    params: SamplingParams,
+    sampler: Sampler | None,
+    positions: list[int],
+    argmax: torch.Tensor | None = None,
+) -> _Picks | list[int] | None:
     """The target's own token per row where it is fixed before looking at the proposal: its argmax
-    (greedy), or its keyed sample; None for the classic rule's coins."""
+    (greedy; the pass's own where it made them), or its keyed sample; None for the classic rule's coins."""
     if params.greedy:
+        if argmax is not None:
+            return argmax.tolist()
         return _Picks(logits, lambda rows, _row: argmax_rows(rows)[0])
     if getattr(sampler, "keyed", False):
         return _Picks(logits, lambda rows, row: sampler.picks(rows, params, [positions[row]])[0])
@@ -91,11 +100,12 @@ class SpeculativeRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
+        argmax: torch.Tensor | None = None,
     ) -> Verdict:
         if proposal.is_tree:
-            return self.verify_tree(proposal, target_logits, params, sampler, position)
+            return self.verify_tree(proposal, target_logits, params, sampler, position, argmax)
         k = len(proposal.tokens)
-        best = _picks(target_logits, params, sampler, list(range(position, position + k + 1)))
+        best = _picks(target_logits, params, sampler, list(range(position, position + k + 1)), argmax)
         if best is not None:
             # Accept the longest prefix on which the draft agrees with the target's own tokens.
             n = 0
@@ -118,6 +128,7 @@ class SpeculativeRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
+        argmax: torch.Tensor | None = None,
     ) -> Verdict:
         """`target_logits` is [n+1, V]: row 0 scores the root's children, row i+1 node i's."""
         children = proposal.children()
@@ -125,7 +136,7 @@ class SpeculativeRule(AcceptanceRule):
         path: list[int] = []
         node = -1
         positions = [position] + [position + depth for depth in proposal.depths()]
-        best = _picks(target_logits, params, sampler, positions)
+        best = _picks(target_logits, params, sampler, positions, argmax)
         if best is not None:
             while True:
                 want = best[node + 1]
@@ -170,6 +181,7 @@ class BildRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
+        argmax: torch.Tensor | None = None,
     ) -> Verdict:
         k = len(proposal.tokens)
         log_p = torch.log_softmax(target_logits.float(), dim=-1)
@@ -179,14 +191,21 @@ class BildRule(AcceptanceRule):
             bad = torch.nonzero(nll > self.rollback_threshold).flatten()
             if bad.numel():
                 n = int(bad[0])
-                return Verdict(n, self._large_token(target_logits[n], params, sampler, position + n))
+                return Verdict(n, self._large_token(target_logits, n, params, sampler, position, argmax))
         if proposal.fell_back or k == 0:
-            return Verdict(k, self._large_token(target_logits[k], params, sampler, position + k))
+            return Verdict(k, self._large_token(target_logits, k, params, sampler, position, argmax))
         # The small model hit its step limit while confident: it keeps the pen.
         return Verdict(k, None)
 
     @staticmethod
-    def _large_token(logits: torch.Tensor, params: SamplingParams, sampler: Sampler, position: int) -> int:
+    def _large_token(
+        logits: torch.Tensor,
+        row: int,
+        params: SamplingParams,
+        sampler: Sampler,
+        position: int,
+        argmax: torch.Tensor | None,
+    ) -> int:
         if params.greedy:
-            return argmax_rows(logits)[0]
-        return sampler.draw(warp_probs(logits, params), position)
+            return int(argmax[row]) if argmax is not None else argmax_rows(logits[row])[0]
+        return sampler.draw(warp_probs(logits[row], params), position + row)

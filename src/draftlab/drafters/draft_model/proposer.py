@@ -78,7 +78,11 @@ class DraftModelProposer(DraftModelBase):
                 break
             # Its place in the sequence: a keyed sampler draws the draft's token with the noise the
             # target's token there will be drawn with.
-            token = argmax_rows(logits)[0] if probs is None else sampler.draw(probs, len(sequence) + i)
+            if probs is None:  # greedy: the argmax its compiled pass made, else the logits'
+                made = getattr(self.draft, "argmax", None)
+                token = int(made[-1]) if made is not None else argmax_rows(logits)[0]
+            else:
+                token = sampler.draw(probs, len(sequence) + i)
             tokens.append(token)
             if probs is not None:
                 rows.append(probs)
