@@ -41,6 +41,7 @@ class CachedModel:
         self.lm = lm
         self.model = lm.model
         self.device = lm.device
+        self._cuda = lm.device.type == "cuda"
         self.use_cache = use_cache
         # Exact mode (models/exact.py): every pass over a static cache, padded to one measured width.
         self.exact = exact
@@ -168,7 +169,7 @@ class CachedModel:
             kwargs["position_ids"] = positions.to(self.device)
         # After the prompt, a 4-bit target's passes of any length score rows as they would alone.
         rowwise = q4.rowwise() if start > 0 and self.row_exact else contextlib.nullcontext()
-        cuda = self.device.type == "cuda"
+        cuda = self._cuda
         if cuda:  # the pass's time must not include work queued before it
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()

@@ -346,12 +346,13 @@ class CompiledSteps:
         the length of its window of the bucket (the `whole` bucket's where asked)."""
         if not self.masked:
             return ()
+        past = held(cache)  # read once: each read of the length tensor is a torch call
         if positions is None or mask is None:
-            positions, mask = chain_inputs(cache, n, self.dtype)
+            positions, mask = chain_inputs(cache, n, self.dtype, past)
         if not self.windowed:
             return positions, mask
         length = capacity(cache)
-        slots = length if whole else window(int(cache.layers[0].cumulative_length), n, length)
+        slots = length if whole else window(past, n, length)
         return positions, mask, _slots_tensor(slots)
 
     @property
@@ -516,21 +517,36 @@ def pads(one_ms: float, two_ms: float) -> bool:
     return two_ms < PAD_GAIN * one_ms
 
 
-def chain_inputs(cache: StaticCache, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions [1, n] and the additive mask [1, 1, n, bucket] of n chain tokens fed after what
-    the cache holds: each sees every earlier slot and itself. Rows of one causal table per bucket
-    (a view, contiguous), where the table is small: building the mask took 0.6 ms of every pass."""
-    past = int(cache.layers[0].cumulative_length) if cache.layers[0].is_initialized else 0
+def held(cache: StaticCache) -> int:
+    """How many tokens the static cache holds."""
+    return int(cache.layers[0].cumulative_length) if cache.layers[0].is_initialized else 0
+
+
+def chain_inputs(
+    cache: StaticCache, n: int, dtype: torch.dtype, past: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [1, n] and the additive mask [1, 1, n, bucket] of n chain tokens fed after the
+    `past` tokens the cache holds (read from it unless given): each sees every earlier slot and
+    itself. Rows of one causal table per bucket (views, contiguous, made once per place and length),
+    where the table is small: building the mask took 0.6 ms of every pass, and slicing it 10-20 us."""
+    past = held(cache) if past is None else past
     device = cache.layers[0].keys.device if cache.layers[0].is_initialized else None
     length = capacity(cache)
     if length <= CAUSAL_TABLE_MAX and past + n <= length:
-        positions, table = _causal_table(length, dtype, device)
-        return positions[None, past : past + n], table[None, None, past : past + n]
+        return _chain_rows(length, dtype, device, past, n)
     allowed = torch.ones(n, length, dtype=torch.bool, device=device).tril(diagonal=past)
     return torch.arange(past, past + n, device=device)[None], additive(allowed, dtype)[None, None]
 
 
 CAUSAL_TABLE_MAX = 2048  # slots: a table of 2048² float32 is 16 MB
+
+
+@functools.lru_cache(maxsize=CAUSAL_TABLE_MAX * MAX_PASS)
+def _chain_rows(
+    length: int, dtype: torch.dtype, device, past: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    positions, table = _causal_table(length, dtype, device)
+    return positions[None, past : past + n], table[None, None, past : past + n]
 
 
 @functools.lru_cache(maxsize=4)
