@@ -22,6 +22,7 @@ from draftlab.models.cost_curve import CostCurve
 from draftlab.models.loading import ModelSpec, load_model
 from draftlab.models.profile import load_cached, load_or_measure, measure, profile_path
 from draftlab.models.prompting import encode_prompt
+from draftlab.proposal import Proposal
 from draftlab.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -515,3 +516,30 @@ def test_a_block_drafter_pays_one_draft_pass_for_k_tokens():
     k_chain = choose_k(chain.verify_ms, chain.draft_ms, alphas, 8, 64)[0]
     k_block = choose_k(block.verify_ms, block.draft_ms, alphas, 8, 64)[0]
     assert k_block > k_chain >= 1
+
+
+def test_a_hybrid_fits_the_lookup_tree_it_previewed_without_pricing_it_twice(monkeypatch):
+    """A hybrid round that does not draft previews its lookup tree, then fits that same tree: the
+    budget is worked out once, and the choice is the one a fresh pricing gives."""
+    tree = Proposal([5, 6, 7, 8], parents=[-1, 0, 1, -1], scores=[0.9, 0.8, 0.3, 0.2], kind="pld")
+
+    def fitted(preview: bool) -> tuple:
+        sizer = TreeSizer(CostModel(MODERATE, FLAT), depth=4, width=2, free_drafts=False)
+        sizer.start()
+        priced: list[int] = []
+        budget = sizer._budget
+        monkeypatch.setattr(sizer, "_budget", lambda p, c: priced.append(1) or budget(p, c))
+        if preview:
+            assert sizer.preview(tree, 256)[1] > 0
+        chosen, choice = sizer.fit(tree, 256)
+        return chosen.tokens, chosen.parent_list(), choice, len(priced)
+
+    *previewed, priced = fitted(preview=True)
+    *fresh, _ = fitted(preview=False)
+    assert priced == 1 and previewed == fresh
+    # Another tree (a merged one, after drafting) is priced afresh.
+    sizer = TreeSizer(CostModel(MODERATE, FLAT), depth=4, width=2, free_drafts=False)
+    sizer.start()
+    sizer.preview(tree, 256)
+    other = Proposal([5, 9], parents=[-1, 0], scores=[0.9, 0.9], kind="pld")
+    assert sizer.fit(other, 256)[0].tokens == [5, 9]

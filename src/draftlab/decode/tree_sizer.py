@@ -72,11 +72,13 @@ class TreeSizer(RoundSizer):
         # writes since (free evidence, as the chain sizer's shadow; see `written`).
         self._shadow: Proposal | None = None
         self._watch = Shadow()
+        self._previewed: tuple | None = None  # (proposal, context, its budget) from `preview`
 
     def start(self) -> None:
         super().start()
         self._promised = self._kept = 0.0
         self._shadow, self._watch = None, Shadow()
+        self._previewed = None
 
     def written(self, tokens: list[int], plain: bool) -> None:
         """After each round, the tokens the target wrote. A lookup tree that was not verified is
@@ -259,8 +261,11 @@ class TreeSizer(RoundSizer):
         """(E[tokens], nodes) of the best sub-tree of `proposal`, without learning anything."""
         if not proposal.tokens:
             return 1.0, 0
-        _, n, tokens, _ = self._budget(proposal, context)
-        return tokens, n
+        budget = self._budget(proposal, context)
+        # A hybrid previews its lookup tree, then (not drafting) fits that same tree: nothing a
+        # budget reads (scores, gains, calibration) changes in between, so `fit` reuses it.
+        self._previewed = (proposal, context, budget)
+        return budget[2], budget[1]
 
     def fit(self, proposal, context: int, drafted_ms: float = 0.0, draft_passes: int = 0):
         """The sub-tree worth verifying now, and the choice made (drafting is already paid)."""
@@ -271,7 +276,11 @@ class TreeSizer(RoundSizer):
         if not proposal.tokens:
             return proposal, Choice(0, 1.0, verify_ms(1, context), plain, verify_raw=plain)
         self.evidence.rounds_with_proposal += 1
-        values, best_n, best_tokens, best_cost = self._budget(proposal, context)
+        previewed, self._previewed = self._previewed, None
+        if previewed is not None and previewed[0] is proposal and previewed[1] == context:
+            values, best_n, best_tokens, best_cost = previewed[2]
+        else:
+            values, best_n, best_tokens, best_cost = self._budget(proposal, context)
         chosen = proposal.best(values, best_n) if best_n else proposal.select([])
         if not best_n and self.free_drafts and self._shadow is None:
             self._shadow = proposal.select(proposal.top_path())
