@@ -121,7 +121,7 @@ def test_greedy_rules_read_the_argmax_a_pass_made_instead_of_its_logits(monkeypa
     read: list[int] = []
     monkeypatch.setattr(rules, "argmax_rows", lambda rows: read.append(1) or argmax_rows(rows))
     logits = logits_of(P2, P, P3[:3] + [0.26], P2)  # argmaxes 3, 0, 3, 3
-    made = torch.tensor([3, 1, 2, 0])
+    made = [3, 1, 2, 0]
     rule = SpeculativeRule()
     assert rule.verify(Proposal([3, 0, 3]), logits, GREEDY, None) == Verdict(3, 3)
     read.clear()

@@ -42,6 +42,7 @@ class CachedModel:
         self.model = lm.model
         self.device = lm.device
         self._cuda = lm.device.type == "cuda"
+        self._cpu = lm.device.type == "cpu"
         self.use_cache = use_cache
         # Exact mode (models/exact.py): every pass over a static cache, padded to one measured width.
         self.exact = exact
@@ -68,7 +69,12 @@ class CachedModel:
         self.features: torch.Tensor | None = None  # the last forward's hidden states, when asked for
         # The argmax of the last forward's returned rows, where its pass made them (a compiled
         # package's, models/compiled.py); None after an eager pass.
-        self.argmax: torch.Tensor | None = None
+        self.argmax: list[int] | None = None
+        # Passes of up to MAX_PASS tokens read their ids from one buffer, filled through numpy:
+        # right after a pass `torch.tensor` of three ids took 18 us, this 8.
+        self._ids = torch.zeros((1, MAX_PASS), dtype=torch.long)
+        self._ids_np = self._ids.numpy()
+        self._ids_views = [self._ids[:, :n] for n in range(MAX_PASS + 1)]
         if self.compiled is not None:
             self.compiled.masked = self._takes_tree_masks()  # its packages then take trees' masks
 
@@ -146,7 +152,10 @@ class CachedModel:
         if width is not None and start > 0 and len(new_ids) > width and tree is None:
             return self._in_passes_of(width, new_ids, keep, features)
         self._tokens.extend(new_ids)
-        if self.use_cache:
+        if self.use_cache and len(new_ids) <= MAX_PASS and self._cpu:
+            self._ids_np[0, : len(new_ids)] = new_ids
+            feed = self._ids_views[len(new_ids)]
+        elif self.use_cache:
             feed = torch.tensor([new_ids], device=self.device)
         else:
             feed = torch.tensor([self._tokens], device=self.device)
@@ -193,9 +202,15 @@ class CachedModel:
         if features:
             n = len(new_ids)
             self.features = torch.cat([out.hidden_states[i][0, -n:] for i in features], dim=-1)
+        # A package's logits come as [n, V] with their argmax (models/compiled.py), an eager
+        # model's as [1, n, V]; right after a pass each view costs tens of microseconds, so the
+        # usual pass, which keeps every row, returns its logits as they are.
+        logits = out.logits
+        if logits.dim() == 3:
+            logits = logits[0]
         made = getattr(out, "argmax", None)
-        self.argmax = None if made is None else made[0, -keep:]
-        return out.logits[0, -keep:]
+        self.argmax = None if made is None else made.tolist()[-keep:]
+        return logits if keep == logits.shape[0] else logits[-keep:]
 
     def _exact_width_now(self) -> int | None:
         """Exact mode's width for the current bucket, once measured (None otherwise)."""
@@ -215,7 +230,7 @@ class CachedModel:
         if features:
             self.features = torch.cat(hidden)
         keep = len(new_ids) if keep is None else min(keep, len(new_ids))
-        self.argmax = None if any(p is None for p in picks) else torch.cat(picks)[-keep:]
+        self.argmax = None if any(p is None for p in picks) else [i for p in picks for i in p][-keep:]
         return torch.cat(logits)[-keep:]
 
     def warm(

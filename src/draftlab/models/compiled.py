@@ -96,8 +96,8 @@ RESERVE = MAX_PASS + 1
 # (models/attention.py). 4: half-precision attention over an even number of query rows. 5: 4-bit
 # layers through draftlab's integer kernel. 6: 4-bit matrices that read one input in one call. 7:
 # draftlab's kernels called through their C entry points, not the proxy executor. 8: each row's
-# argmax as a second output.
-PACKAGE_SCHEMA = 8
+# argmax as a second output. 9: logits and argmax without the batch dimension.
+PACKAGE_SCHEMA = 9
 
 
 def static_length(needed: int, limit: int | None = None) -> int:
@@ -109,11 +109,12 @@ def static_length(needed: int, limit: int | None = None) -> int:
 
 
 class StaticStep(torch.nn.Module):
-    """A pass over a static cache whose tensors come in as arguments: (logits, argmax, *hidden
-    states). The argmax of each row is made inside the pass: greedy verification then reads a few
-    ids instead of the logits, which the pass's threads wrote on both cores (widening and reading
-    one row of 49,152 bfloat16 logits on the core that did not write it took 90-140 us after a
-    compiled pass on the Zen5, 12 us a moment later; docs/results.md).
+    """A pass over a static cache whose tensors come in as arguments: (logits [n, V], argmax [n],
+    *hidden states). Each row's argmax is made inside the pass: greedy verification then reads a
+    few ids instead of the logits, which right after a pass took 90-140 us to widen and read for
+    one row of 49,152 bfloat16 logits on the Zen5, 12 us a moment later (docs/results.md). The
+    logits come without the batch dimension, so the usual pass, all of whose rows are kept, hands
+    them on as they are (a view costs tens of microseconds right after a pass).
 
     Masked, `positions` [1, n] and the additive `mask` [1, 1, n, bucket] come in too: a chain's
     are causal, a token tree's let each node see the sequence and its own ancestors only
@@ -146,7 +147,8 @@ class StaticStep(torch.nn.Module):
             output_hidden_states=True,
             **extra,
         )
-        return (out.logits, out.logits.argmax(-1), *out.hidden_states)
+        logits = out.logits[0]
+        return (logits, logits.argmax(-1), *out.hidden_states)
 
 
 def compiled_dir() -> Path:
@@ -294,8 +296,8 @@ class CompiledSteps:
         for layer in cache.layers:
             layer.cumulative_length.sub_(rows - n)
         return SimpleNamespace(
-            logits=out.logits[:, :n],
-            argmax=out.argmax[:, :n],
+            logits=out.logits[:n],
+            argmax=out.argmax[:n],
             hidden_states=tuple(h[:, :n] for h in out.hidden_states),
         )
 

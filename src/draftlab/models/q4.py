@@ -19,7 +19,6 @@ quantizer): that is a quantized target, and its label says so (`QUANTIZED`).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 from dataclasses import dataclass
@@ -52,14 +51,18 @@ ROW_ATTENTION = 8
 _ROWWISE: contextvars.ContextVar[bool] = contextvars.ContextVar("draftlab_rowwise", default=False)
 
 
-@contextlib.contextmanager
-def rowwise():
-    """Passes of any length through the row-invariant kernels while this lasts."""
-    token = _ROWWISE.set(True)
-    try:
-        yield
-    finally:
-        _ROWWISE.reset(token)
+class rowwise:  # noqa: N801 - used as a function: `with rowwise():`
+    """Passes of any length through the row-invariant kernels while this lasts. A class, not a
+    generator: every pass enters it, and right after a pass a generator's context manager cost
+    about 13 us against 3 for the bare ContextVar calls."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _ROWWISE.set(True)
+
+    def __exit__(self, *exc) -> None:
+        _ROWWISE.reset(self._token)
 
 
 @functools.cache

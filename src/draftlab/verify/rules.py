@@ -38,7 +38,7 @@ class AcceptanceRule:
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
-        argmax: torch.Tensor | None = None,
+        argmax: list[int] | None = None,
     ) -> Verdict:
         """`target_logits` is [k+1, V]: row i is the target's distribution for position i of the block,
         whose first token sits at `position` of the sequence. `argmax`: each row's argmax where the
@@ -52,13 +52,13 @@ def _picks(
     params: SamplingParams,
     sampler: Sampler | None,
     positions: list[int],
-    argmax: torch.Tensor | None = None,
+    argmax: list[int] | None = None,
 ) -> _Picks | list[int] | None:
     """The target's own token per row where it is fixed before looking at the proposal: its argmax
     (greedy; the pass's own where it made them), or its keyed sample; None for the classic rule's coins."""
     if params.greedy:
         if argmax is not None:
-            return argmax.tolist()
+            return argmax
         return _Picks(logits, lambda rows, _row: argmax_rows(rows)[0])
     if getattr(sampler, "keyed", False):
         return _Picks(logits, lambda rows, row: sampler.picks(rows, params, [positions[row]])[0])
@@ -100,7 +100,7 @@ class SpeculativeRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
-        argmax: torch.Tensor | None = None,
+        argmax: list[int] | None = None,
     ) -> Verdict:
         if proposal.is_tree:
             return self.verify_tree(proposal, target_logits, params, sampler, position, argmax)
@@ -128,7 +128,7 @@ class SpeculativeRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
-        argmax: torch.Tensor | None = None,
+        argmax: list[int] | None = None,
     ) -> Verdict:
         """`target_logits` is [n+1, V]: row 0 scores the root's children, row i+1 node i's."""
         children = proposal.children()
@@ -181,7 +181,7 @@ class BildRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int = 0,
-        argmax: torch.Tensor | None = None,
+        argmax: list[int] | None = None,
     ) -> Verdict:
         k = len(proposal.tokens)
         log_p = torch.log_softmax(target_logits.float(), dim=-1)
@@ -204,8 +204,8 @@ class BildRule(AcceptanceRule):
         params: SamplingParams,
         sampler: Sampler,
         position: int,
-        argmax: torch.Tensor | None,
+        argmax: list[int] | None,
     ) -> int:
         if params.greedy:
-            return int(argmax[row]) if argmax is not None else argmax_rows(logits[row])[0]
+            return argmax[row] if argmax is not None else argmax_rows(logits[row])[0]
         return sampler.draw(warp_probs(logits[row], params), position + row)

@@ -80,7 +80,7 @@ class DraftModelProposer(DraftModelBase):
             # target's token there will be drawn with.
             if probs is None:  # greedy: the argmax its compiled pass made, else the logits'
                 made = getattr(self.draft, "argmax", None)
-                token = int(made[-1]) if made is not None else argmax_rows(logits)[0]
+                token = made[-1] if made is not None else argmax_rows(logits)[0]
             else:
                 token = sampler.draw(probs, len(sequence) + i)
             tokens.append(token)
