@@ -805,8 +805,8 @@ def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
     assert proposer.lookups == [1]
     assert ("preview", [5], 1) in sizer.log
     assert ("wants_draft", 1, 3, 3, (1.5, 2), 3) in sizer.log
-    # Proposes without the draft, and the draft's time is not counted.
-    assert proposer.seen == [(False, 1.25)]
+    # Proposes without the draft; neither the draft's time nor its level threshold is priced.
+    assert proposer.seen == [(False, 0.0)]
     assert ("fit", [0, 6, 7, 4], 1, 0.0, 2) in sizer.log
     assert not any(e[0] == "tree_draft_ms" for e in sizer.log)
 

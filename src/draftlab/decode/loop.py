@@ -175,7 +175,11 @@ class SpeculativeDecoder:
                 # The features of the tokens now final: those fed before the proposal, then the kept path.
                 pending = len(fed) - len(proposal.tokens)
                 rows = [*range(pending), *(pending + i for i in kept)]
-                proposer.take_features(fed_from, target.features[rows])
+                # A chain's rows are a prefix: a view, not a gather (the cheaper step after a pass).
+                prefix = rows[-1] == len(rows) - 1 if rows else True
+                proposer.take_features(
+                    fed_from, target.features[: len(rows)] if prefix else target.features[rows]
+                )
             accept_s = time.perf_counter() - t_accept
             new = [proposal.tokens[i] for i in kept]
             if verdict.next_token is not None:
@@ -281,8 +285,9 @@ class SpeculativeDecoder:
             proposer.use_draft = plain is None
             if plain is not None and not self.lookup_part:
                 return Proposal(parents=[]), plain
-            proposer.min_value = sizer.expand_threshold(len(sequence))
-            drafted_ms = sizer.tree_draft_ms(len(sequence), pending) if plain is None else 0.0
+            if plain is None:  # priced only where the draft runs: each step after a pass is dear
+                proposer.min_value = sizer.expand_threshold(len(sequence))
+                drafted_ms = sizer.tree_draft_ms(len(sequence), pending)
         t0, calls = sizer.clock(), proposer.forward_calls
         proposal = self._draft(sequence, depth, params, sampler)
         if sizer.free_drafts:
