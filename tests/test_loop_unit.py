@@ -876,6 +876,27 @@ def test_times_are_measured_per_phase():
     assert s.total_s <= wall
 
 
+def test_propose_time_is_the_proposers_own_not_the_sizers_choice():
+    """c's draft step is Σ propose_s / Σ draft passes: a sizer that thinks long before choosing a
+    plain step must not be charged to the few passes that ran."""
+    delay, thinking = 0.004, 0.03
+
+    class SlowSizer(FakeSizer):
+        def choose(self, *args, **kwargs):
+            time.sleep(thinking)
+            return super().choose(*args, **kwargs)
+
+    proposer = TableProposer(delay=delay)
+    sizer = SlowSizer([2, 0, 0, 0])
+    s = (
+        SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=2, sizer=sizer)
+        .generate([5], 6, GREEDY)
+        .stats
+    )
+    assert proposer.calls == [(1, 2)]  # one proposal, then three plain steps the sizer chose
+    assert delay <= s.propose_s < thinking  # the four choices took 4 x 30 ms
+
+
 def test_sized_rounds_report_their_times_in_milliseconds():
     delay = 0.004
     sizer = FakeSizer([1, 1, 1])

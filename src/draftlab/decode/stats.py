@@ -32,7 +32,7 @@ class GenerationStats(RoundDetails):
     fallbacks: int = 0  # BiLD: blocks the small model ended by handing over
     rollbacks: int = 0  # BiLD: blocks in which the large model overruled a small-model token
     draft_tokens_kept: int = 0  # tokens in the output that the proposer wrote
-    propose_s: float = 0.0  # wall time inside the proposer during decoding (its prefill excluded)
+    propose_s: float = 0.0  # wall time inside the proposer's propose (not the sizer's choice around it)
     propose_calls: int = 0  # draft forward passes made while proposing (its prefill excluded)
 
     @property
