@@ -348,7 +348,7 @@ class CompiledSteps:
         the length of its window of the bucket (the `whole` bucket's where asked)."""
         if not self.masked:
             return ()
-        past = held(cache)  # read once: each read of the length tensor is a torch call
+        past = int(cache.layers[0].get_seq_length())  # read once: each read is a torch call
         if positions is None or mask is None:
             positions, mask = chain_inputs(cache, n, self.dtype, past)
         if not self.windowed:
@@ -519,11 +519,6 @@ def pads(one_ms: float, two_ms: float) -> bool:
     return two_ms < PAD_GAIN * one_ms
 
 
-def held(cache: StaticCache) -> int:
-    """How many tokens the static cache holds."""
-    return int(cache.layers[0].cumulative_length) if cache.layers[0].is_initialized else 0
-
-
 def chain_inputs(
     cache: StaticCache, n: int, dtype: torch.dtype, past: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -531,7 +526,7 @@ def chain_inputs(
     `past` tokens the cache holds (read from it unless given): each sees every earlier slot and
     itself. Rows of one causal table per bucket (views, contiguous, made once per place and length),
     where the table is small: building the mask took 0.6 ms of every pass, and slicing it 10-20 us."""
-    past = held(cache) if past is None else past
+    past = int(cache.layers[0].get_seq_length()) if past is None else past
     device = cache.layers[0].keys.device if cache.layers[0].is_initialized else None
     length = capacity(cache)
     if length <= CAUSAL_TABLE_MAX and past + n <= length:
