@@ -494,41 +494,38 @@ void attend_rows(const Path& path, const at::Tensor& q, const at::Tensor& k, con
         return block.data();
       }
     };
-    std::fill(from.begin(), from.begin() + nr, 0);
-    for (int64_t s0 = 0; s0 < last; s0 += kBlockSlots) {
-      int64_t stride = 0;
-      const float* keys = block_rows(kp, s0, stride);
-      for (int64_t j = 0; j < nr; ++j) {
-        int64_t lo = 0, len = 0;
-        in_block(j, s0, lo, len);
-        if (len == 0) continue;
-        path.dots(qf.data() + j * split * padded, split, padded, keys, stride, local.data(), len, sh.dim, scale,
-                  add.data() + j * sh.slots + lo, w.data() + j * split * sh.slots + lo, count[j], scratch.data());
+    // Each row's visible slots, block by block in slot order, with that block's keys or values.
+    const auto sweep = [&](const T* base, const auto& use) {
+      std::fill(from.begin(), from.begin() + nr, 0);
+      for (int64_t s0 = 0; s0 < last; s0 += kBlockSlots) {
+        int64_t stride = 0;
+        const float* rows = block_rows(base, s0, stride);
+        for (int64_t j = 0; j < nr; ++j) {
+          int64_t lo = 0, len = 0;
+          in_block(j, s0, lo, len);
+          if (len > 0) use(j, lo, len, rows, stride);
+        }
       }
-    }
-    std::vector<float>& total = totals;
+    };
+    sweep(kp, [&](int64_t j, int64_t lo, int64_t len, const float* keys, int64_t stride) {
+      path.dots(qf.data() + j * split * padded, split, padded, keys, stride, local.data(), len, sh.dim, scale,
+                add.data() + j * sh.slots + lo, w.data() + j * split * sh.slots + lo, count[j], scratch.data());
+    });
     for (int64_t j = 0; j < nr; ++j) {
       for (int64_t g = 0; g < split; ++g) {
-        total[j * split + g] = count[j] > 0 ? path.softmax(w.data() + j * split * sh.slots + g * count[j], count[j]) : 0.0f;
+        totals[j * split + g] =
+            count[j] > 0 ? path.softmax(w.data() + j * split * sh.slots + g * count[j], count[j]) : 0.0f;
       }
     }
-    std::fill(from.begin(), from.begin() + nr, 0);
-    for (int64_t s0 = 0; s0 < last; s0 += kBlockSlots) {
-      int64_t stride = 0;
-      const float* values = block_rows(vp, s0, stride);
-      for (int64_t j = 0; j < nr; ++j) {
-        int64_t lo = 0, len = 0;
-        in_block(j, s0, lo, len);
-        if (len == 0) continue;
-        path.weigh(w.data() + j * split * sh.slots + lo, split, padded, values, stride, local.data(), len, sh.dim,
-                   count[j], acc.data() + j * split * padded);
-      }
-    }
+    sweep(vp, [&](int64_t j, int64_t lo, int64_t len, const float* values, int64_t stride) {
+      path.weigh(w.data() + j * split * sh.slots + lo, split, padded, values, stride, local.data(), len, sh.dim,
+                 count[j], acc.data() + j * split * padded);
+    });
     for (int64_t j = 0; j < nr; ++j) {
       for (int64_t g = 0; g < split; ++g) {
         T* o = op + ((b * sh.rows + r0 + j) * sh.heads + h0 + g) * sh.dim;
         const float* a = acc.data() + (j * split + g) * padded;
-        const float inv = count[j] > 0 ? 1.0f / total[j * split + g] : 0.0f;
+        const float inv = count[j] > 0 ? 1.0f / totals[j * split + g] : 0.0f;
         for (int64_t d = 0; d < sh.dim; ++d) o[d] = static_cast<T>(a[d] * inv);
       }
     }
