@@ -9,7 +9,7 @@ import torch
 from test_q4_kernel import EVERY_PATH, _runs
 from tolerance import sum_tol
 
-from draftlab.models import kernels
+from draftlab.models import attention, kernels, q4
 
 HEADS, KV_HEADS = 6, 2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -71,7 +71,7 @@ def test_every_path_gives_the_same_bits_and_the_attention_within_its_precision(d
 
 
 @pytest.mark.parametrize("isa", EVERY_PATH)
-@pytest.mark.parametrize("rows", [2, 3, 8])
+@pytest.mark.parametrize("rows", [2, 3, 8, 37])
 def test_a_row_gets_the_same_bits_whatever_else_the_pass_holds(isa, rows):
     if not _runs(isa):
         pytest.skip(f"this CPU lacks {kernels.ISA_NAMES[isa]}")
@@ -119,6 +119,26 @@ def test_hidden_slots_change_nothing_wherever_they_lie():
     assert torch.equal(_ours(q, k, v, None), alone)
     # A row that sees nothing gets zeros, not NaN.
     assert torch.equal(_ours(q, k, v, torch.zeros_like(mask)), torch.zeros_like(alone))
+
+
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_a_prompt_attends_causally_over_its_own_rows_not_the_whole_bucket(monkeypatch, isa):
+    """transformers leaves a prompt's pass unmasked (causal from slot 0). Over a static cache the
+    keys span the whole bucket; the kernel then sees only the prompt's own slots, and a prompt too
+    long for the AVX2 path's kernel goes through transformers' sdpa: the same attention both ways."""
+    monkeypatch.setattr(kernels, "isa", lambda: isa)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = HEADS // KV_HEADS, True
+    for rows in (12, q4.AVX2_PROMPT_ROWS + 3):
+        q, k, v = _inputs(rows, rows, dtype=torch.float32, seed=rows)
+        g = torch.Generator().manual_seed(9)
+        bucket_k, bucket_v = (torch.randn(1, KV_HEADS, rows + 50, 64, generator=g) for _ in range(2))
+        bucket_k[:, :, :rows], bucket_v[:, :, :rows] = k, v
+        out, _ = attention.row_attention(module, q, bucket_k, bucket_v, None)
+        want = _reference(q, k, v, _causal(rows, rows))
+        torch.testing.assert_close(out.double(), want, atol=sum_tol(64 + rows, torch.float32, 8.0), rtol=0)
+        by_kernel = rows <= q4.AVX2_PROMPT_ROWS or isa != "avx2"
+        assert torch.equal(out, _ours(q, k, v, None)) == by_kernel, rows
 
 
 def test_bad_shapes_are_refused():

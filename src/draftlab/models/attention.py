@@ -53,19 +53,19 @@ def window_attention(
 
 def row_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, slots=None, **kwargs):
     """draftlab's kernel (models/kernels/attend.cpp), whose rows do not depend on the pass they are
-    in, on the CPU; `window_attention` for a prompt (q4.attends_by_rows), which goes through alone
-    and whose rows no other pass repeats."""
-    if (
-        not q4.attends_by_rows(query.shape[2])
-        or dropout
-        or _transformers_only(kwargs)
-        or query.device.type != "cpu"
-    ):
+    in, on the CPU; transformers' path where the kernel does not apply or is slower
+    (q4.attends_by_rows)."""
+    rows = query.shape[2]
+    if not q4.attends_by_rows(rows) or dropout or _transformers_only(kwargs) or query.device.type != "cpu":
         if slots is None:  # an eager pass: transformers' own, which also reads a mask left out as causal
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )
         return window_attention(module, query, key, value, attention_mask, dropout, scaling, slots, **kwargs)
+    if attention_mask is None and slots is None and rows > 1:
+        # transformers leaves a pass of several rows unmasked only where it starts the cache (a
+        # prompt): causal over its own rows, not the whole of a static cache's bucket.
+        slots = rows
     key, value, attention_mask = in_window(key, value, attention_mask, slots)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return kernels.attend(query, key, value, attention_mask, scale), None

@@ -43,9 +43,13 @@ STORAGE = "q4_1"
 # loop runs it (its last row's logits): 40 / 120 / 300 / 500 tokens 44 / 114 / 312 / 459 ms against
 # 68 / 144 / 333 / 561 (docs/results.md, stop 65).
 DENSE_ROWS = 512
-# Rows of a pass that attend with draftlab's kernel before the prompt is in (a prompt's own pass
-# attends with transformers' sdpa, faster over many rows: 600 tokens 1.37 s against 0.91).
-ROW_ATTENTION = 8
+# A prompt's pass attends with draftlab's kernel too, over the slots each row sees: per layer
+# (bfloat16, 9 query / 3 key heads of 64, 2 threads, Zen5), a causal prompt of 50 / 300 / 590 /
+# 1000 / 2000 rows took 0.06 / 0.99 / 3.23 / 10.2 / 30.5 ms against 0.58 / 3.10 / 7.05 / 13.1 / 39.1
+# in torch's flash attention over the bucket. On the AVX2 path it wins only on shorter prompts
+# (0.11 / 2.37 / 8.22 / 16.1 / 63.7 against 0.73 / 4.09 / 9.03 / 13.4 / 41.8 ms): longer ones there
+# attend with transformers' sdpa.
+AVX2_PROMPT_ROWS = 640
 # Set while a pass after the prompt runs (models/cached.py): then every pass, however long, runs
 # the kernels, whose rows round as they would alone, and lossless methods write plain decoding's bits.
 _ROWWISE: contextvars.ContextVar[bool] = contextvars.ContextVar("draftlab_rowwise", default=False)
@@ -82,8 +86,9 @@ def dense(rows: int) -> bool:
 
 def attends_by_rows(rows: int) -> bool:
     """Whether a pass of this many rows attends with draftlab's row kernel: every pass after the
-    prompt (`rowwise`), and passes of up to ROW_ATTENTION rows."""
-    return rows <= ROW_ATTENTION or _ROWWISE.get()
+    prompt (`rowwise`), and a prompt's unless the kernels take their AVX2 path and it is longer
+    than AVX2_PROMPT_ROWS."""
+    return rows <= AVX2_PROMPT_ROWS or _ROWWISE.get() or kernels.isa() == "avx512-vnni"
 
 
 OWN = "the GGUF's own Q4_1 blocks"

@@ -423,7 +423,7 @@ constexpr int64_t kMaxRowsPer = 8;  // rows per item: bounds its lists of slots 
 template <typename T, typename M>
 void attend_rows(const Path& path, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                  at::Tensor& out, const Shape& sh, float scale, int64_t split, int64_t rows_per, int64_t isa,
-                 int64_t begin, int64_t end) {
+                 int64_t begin, int64_t end, int64_t step) {
   const Strides qs(q), ks(k);
   const bool masked = mask.defined();
   const Strides ms = masked ? Strides(mask) : Strides(q);
@@ -441,7 +441,7 @@ void attend_rows(const Path& path, const at::Tensor& q, const at::Tensor& k, con
   std::vector<float> add(rows_per * sh.slots), w(rows_per * split * sh.slots), qf(rows_per * split * padded),
       acc(rows_per * split * padded), scratch(padded);
   std::vector<float> block(kFloat ? 0 : kBlockSlots * sh.dim), totals(rows_per * split);
-  for (int64_t item = begin; item < end; ++item) {
+  for (int64_t item = begin; item < end; item += step) {
     const int64_t chunk = item % chunks, rg = (item / chunks) % row_groups;
     const int64_t kvh = (item / (chunks * row_groups)) % sh.kv_heads, b = item / (chunks * row_groups * sh.kv_heads);
     const int64_t h0 = kvh * group + chunk * split, r0 = rg * rows_per, nr = std::min(rows_per, sh.rows - r0);
@@ -567,8 +567,13 @@ void dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
                                                     (sh.rows + kMaxRowsPer - 1) / kMaxRowsPer));
   const int64_t rows_per = (sh.rows + groups - 1) / groups;
   const int64_t items = units * ((sh.rows + rows_per - 1) / rows_per);
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    attend_rows<T, M>(path, q, k, v, mask, out, sh, scale, split, rows_per, isa, begin, end);
+  // Thread t takes items t, t + threads, ...: a causal prompt's later rows see more slots, and
+  // neighbouring items are neighbouring row groups, so each thread gets early and late rows alike.
+  const int64_t stride = std::min(threads, items);
+  at::parallel_for(0, stride, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      attend_rows<T, M>(path, q, k, v, mask, out, sh, scale, split, rows_per, isa, t, items, stride);
+    }
   });
 }
 
