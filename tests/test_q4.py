@@ -43,17 +43,29 @@ def test_blocks_read_as_gguf_py_dequantizes_them():
     assert blocks.codes.max() <= 15 and blocks.codes.shape == (48, 96)
 
 
+def _with_dense_rows(monkeypatch, rows: int | None, make):
+    """`make()` as on a CPU whose prompts run the dense copy past `rows` tokens (None: never)."""
+    with monkeypatch.context() as m:
+        m.setattr(q4, "dense_rows", lambda: rows)
+        return make()
+
+
 @pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
-def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(scale):
+def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(monkeypatch, scale):
     blocks = _blocks(64, 96, scale)
     layer = q4.Q4Linear(blocks)
     eye = torch.eye(96)
-    # One-hot rows read single weights back: a decoding step, a prompt (the kernel) and a prompt
-    # longer than dense_rows() (the bfloat16 copy) alike.
-    longest = q4.dense_rows()
-    assert q4.dense(longest + 1) and not q4.dense(longest)
-    for x in (eye[:8], eye.repeat(2, 1)[:100], eye.repeat(longest // 96 + 2, 1)[: longest + 20]):
+    # One-hot rows read single weights back: a decoding step, a prompt and a long prompt (the
+    # kernel), and a prompt past an AMX CPU's dense_rows() (the dense copy) alike.
+    long = eye.repeat(6, 1)[:540]
+    for x in (eye[:8], eye.repeat(2, 1)[:100], long):
         assert _off(blocks, x, layer(x)) <= 0
+    amx = _with_dense_rows(monkeypatch, 8, lambda: q4.Q4Linear(blocks))
+    assert amx.dense is not None and layer.dense is None
+    with monkeypatch.context() as m:
+        m.setattr(q4, "dense_rows", lambda: 8)
+        assert q4.dense(9) and not q4.dense(8)
+        assert _off(blocks, long, amx(long)) <= 0
     x = torch.randn(5, 96)
     # Dense inputs: the kernel's float32 sum over 96 products adds its own rounding.
     tol = sum_tol(96, torch.bfloat16, float((x.abs() @ blocks.dequantize().abs().T).max()))
@@ -64,10 +76,10 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(s
     assert _off(blocks, eye[:8], q4.Q4Linear(wrong)(eye[:8])) > 0
 
 
-@pytest.mark.parametrize(
-    "rows", [3, 40, 600]
-)  # a step's, a prompt's (the kernel), a long prompt's (the copy)
-def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(rows):
+@pytest.mark.parametrize("rows", [3, 40, 600])  # a step's, a prompt's, a long prompt's
+@pytest.mark.parametrize("copy_past", [None, 512])  # prompts: the kernel; an AMX CPU's dense copy
+def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(monkeypatch, rows, copy_past):
+    monkeypatch.setattr(q4, "dense_rows", lambda: copy_past)
     gen = torch.Generator().manual_seed(5)
     alone = [q4.Q4Linear(q4.Q4Blocks.quantize(torch.randn(n, 64, generator=gen) * 0.1)) for n in (32, 16, 48)]
     module = torch.nn.Module()
@@ -309,8 +321,8 @@ def test_the_default_targets_own_blocks_are_its_checkpoint():
 @pytest.mark.parametrize(
     "flags, rows",
     [
-        (["avx2", "avx512f", "avx512_bf16"], 512),
-        (["avx2"], 512),
+        (["avx2", "avx512f", "avx512_bf16"], None),
+        (["avx2"], None),
         (["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"], 8),
     ],
 )

@@ -118,7 +118,7 @@ class LoadedModel:
             **(
                 {
                     "storage": self.storage,
-                    "prompts": f"{q4.dense_dtype()} past {q4.dense_rows()} tokens",
+                    "prompts": q4.prompt_path(),
                     "kernel": kernels.version(),
                 }
                 if self.storage

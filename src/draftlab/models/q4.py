@@ -5,12 +5,12 @@ bytes of bfloat16, not a quantized variant of it.
 Q4_1 (ggml): blocks of 32 weights along the input dimension, each a float16 scale `d`, a float16 minimum
 `m` and 16 bytes of 4-bit codes `q`, low nibbles first; a weight is `q·d + m`.
 
-Steps, verification passes and prompts (up to `dense_rows()` tokens) run draftlab's own kernel
+Steps, verification passes and prompts (of any length but on an AMX CPU) run draftlab's own kernel
 (models/kernels): the activations quantized to 8 bits per block of 32 (llama.cpp's q8_1), integer
 sums inside a block, the GGUF's own d and m outside it. Its cost barely grows with the rows of a
 short pass (the codes are unpacked once per pass), a row's output does not depend on what else the
-pass holds, and its 8-bit products outrun bfloat16 ones on a long pass too. Longer prompts run a
-dense copy of the same weights. The output head runs from the GGUF's Q8_0 blocks (its tied embedding) through
+pass holds, and its 8-bit products outran bfloat16 and float32 ones on prompts of every length
+measured. The output head runs from the GGUF's Q8_0 blocks (its tied embedding) through
 the same kernels; the input embedding stays as loaded.
 
 A checkpoint without Q4_1 blocks (a user's bfloat16 folder) can be quantized to Q4_1 here (gguf-py's own
@@ -36,13 +36,12 @@ ROWS = kernels.LANES  # the kernel takes output rows in tiles of 16
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
 Q8_BLOCK_BYTES = 34  # float16 d, 32 signed codes
 STORAGE = "q4_1"
-# Prompts longer than this run a dense copy (Q4Linear) where the CPU has no AMX (`dense_rows`).
-# On a Zen4 (2 threads, AVX-512 VNNI) the kernel's 8-bit products ran the target's matrices at
-# about 200 G multiply-adds a second over 32 to 512 rows, the bfloat16 copy at 95 (32 rows) to 160
-# (512); under AVX2 ceilings 86-103 against float32's 42-71 (32-256 rows). A prompt's pass as the
-# loop runs it (its last row's logits): 40 / 120 / 300 / 500 tokens 44 / 114 / 312 / 459 ms against
-# 68 / 144 / 333 / 561 (docs/results.md, stop 65).
-DENSE_ROWS = 512
+# Prompts run the kernels too, whatever their length, except where the CPU has AMX (`dense_rows`).
+# A dense copy of the weights lost at every prompt length measured, all 30 layers' matrices on 2
+# threads: on a Zen5, 256 / 512 / 1024 / 2048 rows 61.7 / 124 / 261 / 534 ms against the bfloat16
+# copy's 78.3 / 141 / 313 / 583; under AVX2 ceilings 150 / 307 / 694 / 1316 against float32's 328 /
+# 625 / 1312 / 2460 (stop 76). Until then prompts past 512 tokens ran the copy: on a Zen4 at stop 65,
+# before the kernels fetched ahead, it had been close to the kernel there.
 # A prompt's pass attends with draftlab's kernel too, over the slots each row sees: per layer
 # (bfloat16, 9 query / 3 key heads of 64, 2 threads, Zen5), a causal prompt of 50 / 300 / 590 /
 # 1000 / 2000 rows took 0.06 / 0.99 / 3.23 / 10.2 / 30.5 ms against 0.58 / 3.10 / 7.05 / 13.1 / 39.1
@@ -70,18 +69,26 @@ class rowwise:  # noqa: N801 - used as a function: `with rowwise():`
 
 
 @functools.cache
-def dense_rows() -> int:
-    """The longest pass the kernels run outside `rowwise`: DENSE_ROWS, or 8 where the CPU
-    multiplies bfloat16 in AMX tiles, whose dense products are several times a vector unit's (not
-    measured here: no AMX CPU was at hand)."""
+def dense_rows() -> int | None:
+    """The longest pass the kernels run outside `rowwise` where the CPU multiplies bfloat16 in AMX
+    tiles: 8, since their dense products are several times a vector unit's (not measured here: no
+    AMX CPU was at hand). None elsewhere: passes of any length run the kernels, and the layers keep
+    no dense copy."""
     from draftlab.hardware import cpu_model_and_flags, effective_isa  # noqa: PLC0415
 
-    return 8 if "amx_bf16" in effective_isa(cpu_model_and_flags()[2]) else DENSE_ROWS
+    return 8 if "amx_bf16" in effective_isa(cpu_model_and_flags()[2]) else None
 
 
 def dense(rows: int) -> bool:
     """Whether a pass of this many rows runs the dense copy: a prompt longer than `dense_rows()`."""
-    return rows > dense_rows() and not _ROWWISE.get()
+    longest = dense_rows()
+    return longest is not None and rows > longest and not _ROWWISE.get()
+
+
+def prompt_path() -> str:
+    """How prompts multiply, for profiles' fingerprints."""
+    longest = dense_rows()
+    return "kernels" if longest is None else f"{dense_dtype()} past {longest} tokens"
 
 
 def attends_by_rows(rows: int) -> bool:
@@ -203,21 +210,23 @@ def dense_dtype() -> torch.dtype:
 class BlockLinear(nn.Module):
     """A bias-free linear layer over GGUF blocks packed for draftlab's kernels (models/kernels).
 
-    Passes of up to `dense_rows()` tokens (every decoding step and verification, most prompts) run
-    the integer kernel over the packed codes. Longer prompts run a copy of the same values made once
-    at load (`dense_dtype`), where the CPU's dense products catch up with it. The copy is a plain
-    attribute, not a buffer, so compiled packages (passes of at most 8 tokens) neither hold nor read
-    it. Outputs are bfloat16, the dtype the rest of the model computes in."""
+    Passes run the integer kernel over the packed codes: every decoding step and verification, and
+    prompts too unless the CPU has AMX (`dense_rows`). There prompts run a copy of the same values
+    made once at load (`dense_dtype`), where the CPU's dense products outrun the kernel. The copy is
+    a plain attribute, not a buffer, so compiled packages (passes of at most 8 tokens) neither hold
+    nor read it. Outputs are bfloat16, the dtype the rest of the model computes in."""
 
     storage = ""
 
-    def __init__(self, shape: tuple[int, int], dense: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, shape: tuple[int, int], dense: torch.Tensor | None, buffers: dict[str, torch.Tensor]
+    ) -> None:
         super().__init__()
         kernels.load()
         self.out_features, self.in_features = shape
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
-        self.dense = dense.to(dense_dtype())
+        self.dense = None if dense is None else dense.to(dense_dtype())
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -246,9 +255,8 @@ class Q4Linear(BlockLinear):
 
     def __init__(self, blocks: Q4Blocks) -> None:
         packed, scales, minima = kernels.pack_q4_1(blocks.codes, blocks.d, blocks.m)
-        super().__init__(
-            blocks.codes.shape, blocks.dequantize(), {"packed": packed, "scales": scales, "minima": minima}
-        )
+        copy = blocks.dequantize() if dense_rows() is not None else None
+        super().__init__(blocks.codes.shape, copy, {"packed": packed, "scales": scales, "minima": minima})
 
     @classmethod
     def stacked(cls, layers: list[Q4Linear]) -> Q4Linear:
@@ -259,9 +267,8 @@ class Q4Linear(BlockLinear):
         buffers = {
             name: torch.cat([getattr(m, name) for m in layers]) for name in ("packed", "scales", "minima")
         }
-        BlockLinear.__init__(
-            layer, (rows, layers[0].in_features), torch.cat([m.dense for m in layers]), buffers
-        )
+        copy = None if layers[0].dense is None else torch.cat([m.dense for m in layers])
+        BlockLinear.__init__(layer, (rows, layers[0].in_features), copy, buffers)
         return layer
 
     def kernel(self, rows: torch.Tensor) -> torch.Tensor:
