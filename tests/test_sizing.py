@@ -323,6 +323,13 @@ def test_profile_is_cached_and_a_foreign_one_is_remeasured(tiny_pair, monkeypatc
     other = "AVX2" if os.environ.get("ONEDNN_MAX_CPU_ISA") != "AVX2" else "SSE41"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", other)
     assert load_cached(lm) is None
+    # So does one that makes the OpenMP threads sleep between a pass's parallel regions.
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert load_cached(lm) is not None
+    monkeypatch.setenv(
+        "OMP_WAIT_POLICY", "PASSIVE" if os.environ.get("OMP_WAIT_POLICY") != "PASSIVE" else "ACTIVE"
+    )
+    assert load_cached(lm) is None
 
 
 def test_measure_reports_every_point(tiny_pair):
