@@ -412,6 +412,16 @@ void to_float(const T* x, int64_t slot_stride, int64_t slots, int64_t dim, int64
 constexpr int64_t kBlockSlots = 64;
 constexpr int64_t kMaxRowsPer = 8;  // rows per item: bounds its lists of slots and scores
 
+// A thread's buffer number kSlot of element type E, at least n long: kept across calls and only
+// grown. Made anew per call, a pass's 30 calls allocated and zeroed up to ~200 KB each (8 rows,
+// 1040 slots).
+template <typename E, int kSlot>
+std::vector<E>& scratch(int64_t n) {
+  thread_local std::vector<E> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer;
+}
+
 // Items of `split` heads of one key head's group, for a group of up to `rows_per` rows: out is
 // [batch, rows, heads, dim]. Each row's scores, softmax and weighted sum run over its own visible
 // slots in slot order, so a row gets the same bits whatever else the pass holds. The loops run
@@ -436,11 +446,19 @@ void attend_rows(const Path& path, const at::Tensor& q, const at::Tensor& k, con
   const int64_t chunks = group / split, row_groups = (sh.rows + rows_per - 1) / rows_per;
   constexpr bool kFloat = std::is_same_v<T, float>;
   // Per row of the item: the slots it sees (absolute), what the mask adds, its scores (split x n),
-  // its accumulators; and per block, its visible slots' places in the block.
-  std::vector<int64_t> seen(rows_per * sh.slots), count(rows_per), from(rows_per), local(kBlockSlots);
-  std::vector<float> add(rows_per * sh.slots), w(rows_per * split * sh.slots), qf(rows_per * split * padded),
-      acc(rows_per * split * padded), scratch(padded);
-  std::vector<float> block(kFloat ? 0 : kBlockSlots * sh.dim), totals(rows_per * split);
+  // its accumulators; and per block, its visible slots' places in the block. Each is written before
+  // it is read (the accumulators are cleared per item).
+  auto& seen = scratch<int64_t, 0>(rows_per * sh.slots);
+  auto& count = scratch<int64_t, 1>(rows_per);
+  auto& from = scratch<int64_t, 2>(rows_per);
+  auto& local = scratch<int64_t, 3>(kBlockSlots);
+  auto& add = scratch<float, 0>(rows_per * sh.slots);
+  auto& w = scratch<float, 1>(rows_per * split * sh.slots);
+  auto& qf = scratch<float, 2>(rows_per * split * padded);
+  auto& acc = scratch<float, 3>(rows_per * split * padded);
+  auto& lanes = scratch<float, 4>(padded);
+  auto& block = scratch<float, 5>(kFloat ? 0 : kBlockSlots * sh.dim);
+  auto& totals = scratch<float, 6>(rows_per * split);
   for (int64_t item = begin; item < end; item += step) {
     const int64_t chunk = item % chunks, rg = (item / chunks) % row_groups;
     const int64_t kvh = (item / (chunks * row_groups)) % sh.kv_heads, b = item / (chunks * row_groups * sh.kv_heads);
@@ -509,7 +527,7 @@ void attend_rows(const Path& path, const at::Tensor& q, const at::Tensor& k, con
     };
     sweep(kp, [&](int64_t j, int64_t lo, int64_t len, const float* keys, int64_t stride) {
       path.dots(qf.data() + j * split * padded, split, padded, keys, stride, local.data(), len, sh.dim, scale,
-                add.data() + j * sh.slots + lo, w.data() + j * split * sh.slots + lo, count[j], scratch.data());
+                add.data() + j * sh.slots + lo, w.data() + j * split * sh.slots + lo, count[j], lanes.data());
     });
     for (int64_t j = 0; j < nr; ++j) {
       for (int64_t g = 0; g < split; ++g) {
