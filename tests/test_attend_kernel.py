@@ -80,6 +80,37 @@ def test_a_row_gets_the_same_bits_whatever_else_the_pass_holds(isa, rows):
         assert _alone_equal(lambda *a: _ours(*a, isa=isa), q, k, v, _causal(rows, slots)), slots
 
 
+@pytest.mark.parametrize("isa", EVERY_PATH)
+def test_a_pass_gets_the_same_bits_on_any_number_of_threads_and_per_batch_row(isa):
+    """How a pass's items (key heads x row groups) are shared among threads changes no bit; nor
+    does a batch's other member, whose mask differs."""
+    if not _runs(isa):
+        pytest.skip(f"this CPU lacks {kernels.ISA_NAMES[isa]}")
+    g = torch.Generator().manual_seed(5)
+    for rows, slots in ((1, 40), (3, 90), (8, 203), (16, 150)):
+        q = torch.randn(2, 9, rows, 64, generator=g).to(torch.bfloat16)
+        k, v = (torch.randn(2, 3, slots, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+        # Member 0 a chain; member 1 a tree-like mask with slots hidden here and there.
+        mask = _causal(rows, slots).repeat(2, 1, 1, 1)
+        mask[1] &= torch.rand(rows, slots, generator=g) > 0.3
+        mask[1, :, :, 0] = True
+        before = torch.get_num_threads()
+        try:
+            outs = []
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                outs.append(_ours(q, k, v, mask, isa))
+        finally:
+            torch.set_num_threads(before)
+        assert all(torch.equal(o, outs[0]) for o in outs[1:]), (rows, slots)
+        for b in range(2):
+            alone = _ours(q[b : b + 1], k[b : b + 1], v[b : b + 1], mask[b : b + 1], isa)
+            assert torch.equal(outs[0][b : b + 1], alone), (rows, slots, b)
+        want = _reference(q, k, v, mask)
+        tol = torch.finfo(torch.bfloat16).eps * float(v.abs().max()) + sum_tol(64 + slots, torch.float32, 8.0)
+        torch.testing.assert_close(outs[0].double(), want, atol=tol, rtol=0)
+
+
 def _shared_max_attention(q, k, v, mask):
     """A deliberately wrong kernel: softmax shifted by the pass's maximum score over all its rows,
     not each row's own. Equal in exact arithmetic, but a row rounds by what else the pass holds."""
