@@ -811,6 +811,28 @@ def test_a_hybrid_tree_keeps_its_lookups_when_the_draft_does_not_pay():
     assert not any(e[0] == "tree_draft_ms" for e in sizer.log)
 
 
+def test_a_hybrid_lookup_tree_counts_as_drafting_not_as_the_draft_models_step():
+    """The lookup tree a hybrid builds before the sizer decides is its free drafting, as a lookup
+    method's propose is: the round split counts it as drafting, not as the loop's overhead, and c
+    (the draft model's step, from propose_s) leaves it out."""
+
+    class SlowLookups(HybridFake):
+        def lookup_tree(self, sequence):
+            time.sleep(0.02)
+            return super().lookup_tree(sequence)
+
+    sizer = FakeTreeSizer(wants=Choice(0, 1.0, 2.0, 2.0, False))
+    proposer = SlowLookups()
+    out = SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=3, sizer=sizer).generate(
+        [5], 9, GREEDY
+    )
+    assert out.tokens == chain(5, 9)
+    decode_rounds = len(proposer.lookups) - 1  # round 1 is the prefill, outside the split
+    assert decode_rounds >= 1
+    assert out.stats.draft_s >= 0.02 * decode_rounds
+    assert out.stats.propose_s < 0.02
+
+
 # --- arguments, timing and reuse ----------------------------------------------------------------------
 
 

@@ -74,6 +74,7 @@ class SpeculativeDecoder:
         self.tokenizer = target.lm.tokenizer
         self.eos = target.lm.eos_token_ids
         self._draft_s = 0.0  # time in the proposer this round (_draft)
+        self._lookup_s = 0.0  # a hybrid's lookup tree this round, made before the sizer's choice
 
     def _devices(self) -> list[torch.device]:
         """The devices a clock reading must wait for: the CUDA ones (a CPU's work is done when
@@ -131,7 +132,7 @@ class SpeculativeDecoder:
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
             calls_before = proposer.forward_calls
-            self._draft_s = 0.0
+            self._draft_s = self._lookup_s = 0.0
             t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
             if prompt_alone and t_first is None:
@@ -214,7 +215,7 @@ class SpeculativeDecoder:
             if t_first is not None:  # a decode round: where its time went
                 stats.pass_s += pass_s
                 stats.inputs_s += max(t_accept - t_pass - pass_s, 0.0)
-                stats.draft_s += self._draft_s
+                stats.draft_s += self._draft_s + self._lookup_s
                 stats.accept_s += accept_s + time.perf_counter() - t_crop
             if sizer is not None and choice is not None and t_first is not None:
                 # Round 1 is the prefill, whose cost the decode curve does not predict.
@@ -281,9 +282,14 @@ class SpeculativeDecoder:
         if self.sized_drafting:
             pending = proposer.lag(sequence)
             # A hybrid's lookup tree is free: the draft must add to it, not merely beat a plain step.
-            base = (
-                sizer.preview(proposer.lookup_tree(sequence), len(sequence)) if self.lookup_part else (1.0, 0)
-            )
+            base = (1.0, 0)
+            if self.lookup_part:
+                # The lookup tree is this round's free drafting (a lookup method's propose): its time
+                # counts as drafting, not as the loop's overhead; not in c, the draft model's step.
+                t0 = time.perf_counter()
+                looked_up = proposer.lookup_tree(sequence)
+                self._lookup_s += time.perf_counter() - t0
+                base = sizer.preview(looked_up, len(sequence))
             plain = sizer.wants_draft(len(sequence), depth, pending, base, remaining=budget)
             proposer.use_draft = plain is None
             if plain is not None and not self.lookup_part:

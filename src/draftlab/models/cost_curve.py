@@ -82,6 +82,9 @@ class CostCurve:
         # Sizers ask for several pass sizes at every round's context; interpolating each anew cost
         # about 40 µs a round, 1% of a llama.cpp step. Not a field: profiles are saved without it.
         self._memo: dict[tuple[int, int], float] = {}
+        # Per pass size, its ms at each measured context: the part of a lookup that does not move
+        # with the context, which changes every round.
+        self._by_size: dict[int, list[float]] = {}
 
     def forward_ms(self, n: int, context: int) -> float:
         """One pass scoring `n` new tokens after `context` cached ones, interpolated."""
@@ -90,7 +93,9 @@ class CostCurve:
         if ms is None:
             if len(self._memo) > 65536:
                 self._memo.clear()
-            per_context = [_interp(self.sizes, row, n) for row in self.ms]
+            per_context = self._by_size.get(n)
+            if per_context is None:
+                per_context = self._by_size[n] = [_interp(self.sizes, row, n) for row in self.ms]
             ms = self._memo[key] = _interp(self.contexts, per_context, context)
         return ms
 
