@@ -329,3 +329,40 @@ def test_the_heads_rows_grow_without_copying_their_history_and_replace_their_tai
         rows[50]
     with pytest.raises(DraftlabError, match="rows from 60, but only 50"):
         rows.put(60, history[:1])
+
+
+def test_rows_put_later_read_as_rows_put_at_once_whatever_cuts_and_puts_come_between():
+    """`put_later` (an EAGLE head's target features, written only when the head next drafts): any
+    sequence of puts, later puts and cuts reads back as a plain list of rows does, past the buffer's
+    first size too; a later put past the rows kept is refused at once."""
+    import random
+
+    from draftlab.drafters.eagle3.cached import Rows
+    from draftlab.errors import DraftlabError
+
+    rng = random.Random(0)
+    rows = Rows(2, torch.float32, torch.device("cpu"))
+    want: list[list[float]] = []
+    for step in range(400):
+        action = rng.random()
+        if action < 0.15 and want:
+            length = max(len(want) - rng.randrange(6), 0)  # a round's rollback
+            rows.cut(length)
+            del want[length:]
+        else:
+            start = rng.randrange(max(len(want) - 3, 0), len(want) + 1)
+            new = torch.randn(rng.randrange(1, 9), 2)
+            (rows.put_later if action < 0.8 else rows.put)(start, new)
+            want[start:] = new.tolist()
+        assert len(rows) == len(want)
+        if rng.random() < 0.1 or step == 399:
+            assert torch.equal(rows.view(), torch.tensor(want).reshape(-1, 2)), step
+    assert len(want) > 256
+    # The buffer grows in the first of several pending puts, the last ending further on.
+    grown = Rows(2, torch.float32, torch.device("cpu"))
+    grown.put(0, torch.zeros(250, 2))
+    grown.put_later(250, torch.ones(8, 2))
+    grown.put_later(258, 2 * torch.ones(8, 2))
+    assert torch.equal(grown.view(), torch.cat([torch.zeros(250, 2), torch.ones(8, 2), 2 * torch.ones(8, 2)]))
+    with pytest.raises(DraftlabError, match="only"):
+        rows.put_later(len(want) + 1, torch.zeros(1, 2))
