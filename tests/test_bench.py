@@ -252,3 +252,34 @@ def test_sweeps_and_ablation_run(tiny_pair, suite_file, tmp_path):
         if kind == "tree":
             assert "Sweep: tree node budget" in (out / "report.md").read_text()
             assert (out / "speedup_vs_tree_budget.png").exists()
+
+
+def test_every_timed_generation_runs_with_the_garbage_collector_paused(
+    tiny_pair, suite_file, tmp_path, monkeypatch
+):
+    """A full collection (0.2-0.4 s with real models loaded) must not land inside a timed
+    generation of one method and not another's: bench and generate pause the collector around each
+    generation of every engine's decoder, and give it back as it was."""
+    import gc
+
+    from draftlab.decode.loop import SpeculativeDecoder
+
+    seen: list[bool] = []
+    real = SpeculativeDecoder.generate
+
+    def generate(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", generate)
+    assert gc.isenabled()
+    out = tmp_path / "run"
+    args = ["bench", *pair_args(tiny_pair), "--suite", str(suite_file), "--max-new-tokens", "4"]
+    assert main([*args, "--methods", "ar,pld", "--limit", "1", "--out", str(out), *QUIET]) == 0
+    timed = len(read_records(out / "results.jsonl"))
+    # The warm-up generations before timing may run with it on; every timed one ran with it off.
+    assert timed > 0 and seen[-timed:] == [False] * timed
+    assert gc.isenabled()
+    seen.clear()
+    assert main(["generate", *pair_args(tiny_pair), "--method", "pld", "--max-new-tokens", "4", "hi"]) == 0
+    assert seen == [False] and gc.isenabled()

@@ -19,6 +19,7 @@ from draftlab.bench.suites import Example
 from draftlab.decode.build import build_decoder, compiled_passes, warm_compiled_passes
 from draftlab.decode.cost import CostModel
 from draftlab.decode.spec import Decoder, DecoderConfig
+from draftlab.decode.timing import collector_paused
 from draftlab.errors import DraftlabError
 from draftlab.files import write_text
 from draftlab.models.compiled import RESERVE
@@ -163,9 +164,10 @@ def run_bench(
             _tell_example(variant, example)
             ids = _prompt_ids(variant, example, turn, repeat, answers, plan.chat)
             _check_fits(variant, ids, plan.max_new_tokens)  # a later turn: the earlier answers count
-            result = variant.decoder.generate(
-                ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat)
-            )
+            with collector_paused():
+                result = variant.decoder.generate(
+                    ids, plan.max_new_tokens, _seeded(variant.sampling, example_id, turn, repeat)
+                )
             answers[(variant.label, example_id, turn, repeat)] = result.tokens
             baseline = plan.baselines.get(variant.label)
             reference = baseline_tokens.get((baseline, key)) if baseline else None

@@ -16,6 +16,7 @@ from draftlab.cli.engine_option import add_engine_arg
 from draftlab.cli.engines import check_methods
 from draftlab.decode.build import build_decoder, check_fits, compiled_passes, warm_compiled_passes
 from draftlab.decode.spec import method_names
+from draftlab.decode.timing import collector_paused
 from draftlab.errors import DraftlabError
 from draftlab.files import decode_utf8
 from draftlab.models import exact
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             Console(stderr=True).print(f"[dim]compiled passes ready in {seconds}[/]")
     if config.exact:
         Console(stderr=True).print(f"[dim]{exact.describe(exact.record(decoder.target))}[/]")
-    result = decoder.generate(ids, args.max_new_tokens, params)
+    with collector_paused():
+        result = decoder.generate(ids, args.max_new_tokens, params)
     if args.json:
         record = {
             "method": args.method,

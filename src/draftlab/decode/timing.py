@@ -3,8 +3,10 @@ one that counts its readings instead of reading the time."""
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -28,3 +30,19 @@ def synchronized_clock(devices: Iterable[torch.device]) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a timed generation, as `timeit` times: a full
+    collection walks every object the loaded models and compilers made, 0.2-0.4 s each (11 in a
+    three-subtask bench on the Zen5, stop 77), and one landing in a 0.1-0.5 s generation made that
+    generation's method look up to 3x slower than in its repeats. Garbage waits for the next
+    collection after the generation (reference counting frees the rest as it goes)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
