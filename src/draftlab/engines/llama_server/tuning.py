@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from draftlab.decode.timing import collector_paused
 from draftlab.engines.llama_server.decoder import LlamaServerDecoder, ServerPool
 from draftlab.sampling import SamplingParams
 
@@ -108,7 +109,8 @@ def _rates(decoder: LlamaServerDecoder, prompts: Prompts, max_new_tokens: int) -
     sums: dict[str, list[float]] = {}
     for subtask, group in prompts.items():
         for ids in group:
-            stats = decoder.generate(ids, max_new_tokens, SamplingParams()).stats
+            with collector_paused():  # timed as the bench times (decode/timing.py)
+                stats = decoder.generate(ids, max_new_tokens, SamplingParams()).stats
             for key in (subtask, ALL):
                 tokens, seconds = sums.setdefault(key, [0.0, 0.0])
                 sums[key] = [tokens + stats.new_tokens, seconds + stats.total_s]
