@@ -71,11 +71,8 @@ def choose_k(
     """
     best = (0, 1.0, verify_ms(1, context))
     best_rate = best[1] / best[2]
-    expected, survive = 1.0, 1.0  # expected_tokens(alphas, k), grown one position at a time
     for k in range(1, k_max + 1):
-        survive *= alphas[k - 1]
-        expected += survive
-        tokens = 1.0 + gain * (expected - 1.0)
+        tokens = 1.0 + gain * (expected_tokens(alphas, k) - 1.0)
         cost = draft_ms(k, context) + verify_ms(k + 1, context)
         if tokens / cost > best_rate * (1 + 1e-9):
             best, best_rate = (k, tokens, cost), tokens / cost
