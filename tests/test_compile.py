@@ -38,7 +38,15 @@ from draftlab.models.compiled import (
 )
 from draftlab.models.cost_curve import CostCurve, Profile, verify_slope
 from draftlab.models.loading import ModelSpec, load_model
-from draftlab.models.profile import QUICK_SIZES, find_cached, measure, profile_path, profile_points, save
+from draftlab.models.profile import (
+    QUICK_SIZES,
+    find_cached,
+    measure,
+    profile_path,
+    profile_points,
+    save,
+    with_far_context,
+)
 from draftlab.models.prompting import encode_prompt
 from draftlab.plan.profiles import cost_model
 from draftlab.sampling import SamplingParams, argmax_rows
@@ -567,12 +575,33 @@ def test_a_compiled_eagle_round_is_priced_by_the_heads_compiled_passes(
 def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(story_model):
     # One compiled size here (a graph compiles in tens of seconds on 2 cores); the profile's own
     # points are below.
-    curve = measure(story_model, sizes=(1,), contexts=[64], prefill_lengths=[16], repeats=1, compiled=True)
+    curve = measure(
+        story_model,
+        sizes=(1,),
+        contexts=[64],
+        prefill_lengths=[16],
+        repeats=1,
+        compiled=True,
+        far_context=True,
+    )
     assert compiled_steps(story_model).compile_seconds, "the pass was compiled"
+    far = compiled_steps(story_model).bucket(66) - 2
+    assert curve.contexts == [64, far], "the package's last context a pass fits is measured too"
     # A compile takes seconds; a timed pass of this 260K-parameter model, milliseconds.
     assert curve.ms[0][0] < 500, curve.ms
     assert profile_points(2048, True, compiled=True) == (PASS_SIZES, [64, 256], [16, 64, 256])
     assert profile_points(2048, True, compiled=False)[0] == QUICK_SIZES
+
+
+def test_a_compiled_profile_reaches_the_last_context_of_its_package():
+    # Past its last measured context a curve extends the line through its last two points, and
+    # holds it flat where noise read the second no dearer than the first: the suite's long prompts
+    # were priced at 256 tokens' cost. The package's last context a full pass fits is measured too.
+    assert with_far_context([64, 256], 1024, 8) == [64, 256, 1015]
+    assert with_far_context([64, 256], 512, 8) == [64, 256, 503]
+    assert with_far_context([64, 256], 200, 8) == [64, 191], "a context the package cannot hold is dropped"
+    assert with_far_context([64], 73, 8) == [64], "already the last one"
+    assert with_far_context([], 40, 8) == [31]
 
 
 def test_a_compiled_tree_pass_gives_the_eager_tree_logits_and_keeps_its_path(story_model):

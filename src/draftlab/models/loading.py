@@ -136,8 +136,9 @@ class LoadedModel:
 
 # The version of the compiled passes (models/compiled.py), in their profiles' fingerprints: a curve
 # measured before they changed prices passes that no longer run. 2: attention over a window. 3: in
-# half precision, over an even number of query rows.
-COMPILED_PASSES = 3
+# half precision, over an even number of query rows. 4: the curve measured up to the package's last
+# context too (models/profile.py `with_far_context`), not only at 64 and 256.
+COMPILED_PASSES = 4
 
 
 def compute_dtype(dtype: str) -> str:

@@ -43,8 +43,19 @@ def default_contexts(limit: int | None, quick: bool) -> list[int]:
 
 # Contexts of a compiled profile, measured in the one package of the model that later runs use
 # (`measure`'s bucket_need). Its passes attend over a window of the bucket that grows with the
-# context (models/compiled.py `window`); past 256 the curve extends the line through the two points.
+# context (models/compiled.py `window`), so the curve also takes the last context of that package
+# (`with_far_context`). With 64 and 256 alone, and 256 read no dearer than 64 within the noise, the
+# curve held the 8-token pass at its 256-token cost for the suite's 430-720-token prompts; on a
+# Zen4 it cost 9.8 ms there by the profile and 15.9 ms at 512, 19.8 ms at 960 (docs/results.md).
 COMPILED_CONTEXTS = (64, 256)
+
+
+def with_far_context(contexts: Sequence[int], capacity: int, longest_pass: int) -> list[int]:
+    """`contexts` that a package of `capacity` slots holds with a pass of `longest_pass` tokens (and
+    its reserve slot) after them, and the last such context."""
+    far = capacity - longest_pass - 1
+    held = [c for c in contexts if c <= far]
+    return held + [far] if far >= 1 and (not held or far > held[-1]) else held
 
 
 def profile_points(
@@ -86,12 +97,14 @@ def measure(
     on_step: Callable[[str], None] | None = None,
     compiled: bool = False,
     bucket_need: int = 0,
+    far_context: bool = False,
 ) -> CostCurve:
     """Median ms of `repeats` passes for every (context, size), interleaved so drift spreads evenly.
 
     `compiled`: through the compiled package over a static cache, made ready before it is timed:
     the package of the bucket that holds `bucket_need` tokens (the one later runs will use, so it
-    is built once), or the shortest bucket that holds the contexts measured."""
+    is built once), or the shortest bucket that holds the contexts measured. `far_context`: the
+    last context that package holds is measured too (`with_far_context`)."""
     runner = cached(lm, compiled=compiled)
     if compiled and bucket_need:
         runner.warm(bucket_need, tuple(sizes))
@@ -99,6 +112,10 @@ def measure(
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
     if limit is not None:
         contexts = [c for c in contexts if c + max(sizes) <= limit] or [max(limit - max(sizes) - 1, 1)]
+    if compiled and far_context:
+        # The package that holds bucket_need (or, without one, the contexts asked for) serves them all.
+        need = max(bucket_need, max(contexts) + max(sizes) + 1)
+        contexts = with_far_context(contexts, runner.compiled.bucket(need), max(sizes))
     prefill_lengths = list(prefill_lengths) if prefill_lengths is not None else [16, 64, 256, 1024]
     if limit is not None:
         prefill_lengths = [p for p in prefill_lengths if p <= limit] or [min(16, limit)]
@@ -276,6 +293,7 @@ def load_or_measure(
         on_step=on_step,
         compiled=compiled,
         bucket_need=bucket_need,
+        far_context=compiled,
     )
     profile = Profile(
         lm.fingerprint(compiled),

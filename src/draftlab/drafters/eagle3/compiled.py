@@ -102,11 +102,15 @@ class CompiledHead:
     def head(self):
         return self.lm.model
 
-    def new_cache(self, needed: int) -> HeadCache:
-        layer = self.head.layer
-        length = choose_bucket(
+    def bucket(self, needed: int) -> int:
+        """The cache length a draft needing `needed` positions runs in (models/compiled.py's rule)."""
+        return choose_bucket(
             needed, self.runners, package_lengths(self.path(FIRST_BUCKET).parent), self.lm.context_length
         )
+
+    def new_cache(self, needed: int) -> HeadCache:
+        layer = self.head.layer
+        length = self.bucket(needed)
         shape = (1, layer.kv_heads, length, layer.head_dim)
         dtype, device = self.head.fc.weight.dtype, self.lm.device
         return HeadCache(
