@@ -92,6 +92,12 @@ def test_a_row_gets_the_same_bits_whatever_else_the_pass_holds(fmt):
     alone = torch.cat([_mm(x[i : i + 1], blocks) for i in range(9)])
     for n in range(1, 10):
         assert torch.equal(_mm(x[:n], blocks), alone[:n]), n
+    # A prompt's rows are quantized on both threads (past kernels' kQuantizeGrain blocks): the same bits.
+    prompt = torch.randn(600, 128).bfloat16()
+    assert prompt.numel() // 32 > 512
+    torch.testing.assert_close(
+        _mm(prompt, blocks), torch.cat([_mm(row[None], blocks) for row in prompt]), rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
