@@ -575,18 +575,22 @@ def test_a_compiled_eagle_round_is_priced_by_the_heads_compiled_passes(
 def test_a_compiled_profile_times_compiled_passes_only_after_compiling_them(story_model):
     # One compiled size here (a graph compiles in tens of seconds on 2 cores); the profile's own
     # points are below.
+    steps: list[str] = []
     curve = measure(
         story_model,
         sizes=(1,),
         contexts=[64],
         prefill_lengths=[16],
-        repeats=1,
+        repeats=2,
         compiled=True,
         far_context=True,
+        on_step=steps.append,
     )
     assert compiled_steps(story_model).compile_seconds, "the pass was compiled"
     far = compiled_steps(story_model).bucket(66) - 2
     assert curve.contexts == [64, far], "the package's last context a pass fits is measured too"
+    visits = [step.split(",")[0] for step in steps if step.startswith("context")]
+    assert visits == [f"context {c}" for c in (64, far, 64, far)], "contexts in turn, round after round"
     # A compile takes seconds; a timed pass of this 260K-parameter model, milliseconds.
     assert curve.ms[0][0] < 500, curve.ms
     assert profile_points(2048, True, compiled=True) == (PASS_SIZES, [64, 256], [16, 64, 256])
