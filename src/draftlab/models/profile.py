@@ -106,8 +106,6 @@ def measure(
     is built once), or the shortest bucket that holds the contexts measured. `far_context`: the
     last context that package holds is measured too (`with_far_context`)."""
     runner = cached(lm, compiled=compiled)
-    if compiled and bucket_need:
-        runner.warm(bucket_need, tuple(sizes))
     limit = lm.context_length
     contexts = list(contexts) if contexts is not None else default_contexts(limit, quick=True)
     if limit is not None:
@@ -121,12 +119,11 @@ def measure(
         prefill_lengths = [p for p in prefill_lengths if p <= limit] or [min(16, limit)]
     ids = _random_ids(lm, seed=0)
     start_ids = runner.start([0])
-    if compiled:
-        runner.warm(max(contexts) + max(sizes) + 1, tuple(sizes))  # one package holds them all
+    if compiled:  # one package holds them all, and bucket_need
+        runner.warm(max(bucket_need, max(contexts) + max(sizes) + 1), tuple(sizes))
     # A compiled pass takes milliseconds: its contexts are visited in turn, `repeats` times, so that
     # a host slowing down or speeding up weighs on each alike. Measured one context after the other,
-    # three profiles (Zen5, Zen4) read passes at context 256 as cheap as or cheaper than at 64, which
-    # interleaved probes never did (5.90 against 5.99 ms, Zen4).
+    # profiles (Zen5, Zen4) read passes at context 256 up to 8-12% cheaper than at 64 (docs/results.md).
     rounds, per_round = (repeats, 3) if compiled else (1, repeats)
     samples: dict[tuple[int, int], list[float]] = {(c, n): [] for c in contexts for n in sizes}
     for round_ in range(rounds):
