@@ -43,6 +43,29 @@ def test_blocks_read_as_gguf_py_dequantizes_them():
     assert blocks.codes.max() <= 15 and blocks.codes.shape == (48, 96)
 
 
+def _q8_off(blocks: q4.Q8Blocks, x: torch.Tensor, out: torch.Tensor) -> float:
+    """How far a Q8_0 layer's outputs for one-hot rows `x` lie outside the rounding of reading a
+    weight back: the kernel's float32 products of d, the row's scale and the integer sum (a few
+    float32 roundings), then the output's bfloat16 one."""
+    want = blocks.dequantize()
+    u = torch.finfo(torch.bfloat16).eps / 2 + 4 * torch.finfo(torch.float32).eps
+    return float(((out.float() - x @ want.T).abs() - x @ (u * want.abs()).T).max())
+
+
+def test_a_q8_0_layer_multiplies_by_its_blocks_values():
+    torch.manual_seed(1)
+    blocks = q4.Q8Blocks.quantize(torch.randn(64, 96) * 0.3)
+    layer = q4.Q8Linear(blocks)
+    eye = torch.eye(96)
+    for x in (eye[:8], eye.repeat(2, 1)[:100]):  # a step's rows and a prompt's
+        assert _q8_off(blocks, x, layer(x)) <= 0
+    assert layer.dense is None and layer.storage == "q8_0"
+    # A code off by one is outside the bound: the check can fail.
+    wrong = q4.Q8Blocks(blocks.codes.copy(), blocks.d)
+    wrong.codes[3, 5] = wrong.codes[3, 5] + (1 if wrong.codes[3, 5] < 127 else -1)
+    assert _q8_off(blocks, eye[:8], q4.Q8Linear(wrong)(eye[:8])) > 0
+
+
 def _with_dense_rows(monkeypatch, rows: int | None, make):
     """`make()` as on a CPU whose prompts run the dense copy past `rows` tokens (None: never)."""
     with monkeypatch.context() as m:
@@ -76,12 +99,23 @@ def test_the_layer_multiplies_by_the_blocks_values_within_the_scales_precision(m
     assert _off(blocks, eye[:8], q4.Q4Linear(wrong)(eye[:8])) > 0
 
 
+def _q4_layer(weight: torch.Tensor) -> q4.BlockLinear:
+    return q4.Q4Linear(q4.Q4Blocks.quantize(weight))
+
+
+def _q8_layer(weight: torch.Tensor) -> q4.BlockLinear:
+    return q4.Q8Linear(q4.Q8Blocks.quantize(weight))
+
+
 @pytest.mark.parametrize("rows", [3, 40, 600])  # a step's, a prompt's, a long prompt's
 @pytest.mark.parametrize("copy_past", [None, 512])  # prompts: the kernel; an AMX CPU's dense copy
-def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(monkeypatch, rows, copy_past):
+@pytest.mark.parametrize("make", [_q4_layer, _q8_layer], ids=["q4_1", "q8_0"])
+def test_matrices_sharing_an_input_give_each_matrix_its_own_bits_in_one_call(
+    monkeypatch, rows, copy_past, make
+):
     monkeypatch.setattr(q4, "dense_rows", lambda: copy_past)
     gen = torch.Generator().manual_seed(5)
-    alone = [q4.Q4Linear(q4.Q4Blocks.quantize(torch.randn(n, 64, generator=gen) * 0.1)) for n in (32, 16, 48)]
+    alone = [make(torch.randn(n, 64, generator=gen) * 0.1) for n in (32, 16, 48)]
     module = torch.nn.Module()
     for name, layer in zip(("q_proj", "k_proj", "v_proj"), alone, strict=True):
         setattr(module, name, layer)
@@ -133,6 +167,7 @@ def test_a_checkpoint_loads_as_q4_1_quantized_and_labelled_so(q4_llama):
     assert kinds == {"Q4Linear", "InputShare"}, kinds
     assert not any(isinstance(m, torch.nn.Linear) for m in lm.model.model.layers.modules())
     reference = load_model(ModelSpec(str(q4_llama), dtype="float32"))
+    assert lm.num_parameters == reference.num_parameters
     with torch.no_grad():
         for name in names:  # each reads back its own matrix's Q4_1 values
             module = lm.model.get_submodule(name)
@@ -146,8 +181,48 @@ def test_a_checkpoint_loads_as_q4_1_quantized_and_labelled_so(q4_llama):
         assert _off(want, eye, up[0](eye)) <= 0 and _off(want, eye, up[1](eye)) > 0
 
 
-def test_compiled_q4_1_passes_give_the_eager_logits(q4_llama):
-    lm = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+def test_a_checkpoint_loads_as_q8_0_every_matrix_and_its_head(q4_llama):
+    lm = load_model(ModelSpec(str(q4_llama), dtype="q8_0"))
+    assert lm.storage == q4.Q8_QUANTIZED and lm.fingerprint()["storage"] == q4.Q8_QUANTIZED
+    assert "q8_0" not in candidate_dtypes(str(q4_llama), "cpu")  # a target never chosen so for the user
+    assert q4.all_blocks(lm.model) and isinstance(lm.model.get_output_embeddings(), q4.Q8Head)
+    reference = load_model(ModelSpec(str(q4_llama), dtype="float32"))
+    assert lm.vocab_size == reference.vocab_size and lm.num_parameters == reference.num_parameters
+    with torch.no_grad():
+        for name in ["lm_head", *(f"model.layers.{i}.{hf}" for i in (0, 1) for hf in q4.GGUF_TO_HF.values())]:
+            module = lm.model.get_submodule(name)
+            want = q4.Q8Blocks.quantize(reference.model.get_submodule(name).weight)
+            eye = torch.eye(module.in_features)
+            assert _q8_off(want, eye, module(eye)) <= 0, name
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [(["avx2", "avx512f", "avx512_bf16"], "q8_0"), (["avx2"], "float32"), ([], "float32")],
+)
+def test_a_draft_beside_a_4bit_target_runs_from_q8_0_blocks_where_bfloat16_is_native(
+    q4_llama, monkeypatch, flags, dtype
+):
+    from argparse import Namespace  # noqa: PLC0415
+
+    from draftlab.plan.roles import load_draft  # noqa: PLC0415
+
+    monkeypatch.setattr("draftlab.models.loading.effective_isa", lambda _cpu_flags: flags)
+    target = load_model(ModelSpec(str(q4_llama), dtype="q4_1"))
+    args = Namespace(
+        draft_dtype=None, dtype="q4_1", draft_device=None, device="cpu", attn_implementation=None
+    )
+    draft = load_draft(args, str(q4_llama), target)
+    assert draft.spec.dtype == dtype
+    assert (draft.storage == q4.Q8_QUANTIZED) == (dtype == "q8_0")
+    # The user's --draft-dtype wins.
+    args.draft_dtype = "bfloat16"
+    assert load_draft(args, str(q4_llama), target).spec.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_compiled_block_passes_give_the_eager_logits(q4_llama, dtype):
+    lm = load_model(ModelSpec(str(q4_llama), dtype=dtype))
     eager, compiled = CachedModel(lm), CachedModel(lm, compiled=True)
     ids = [5, 17, 42, 9, 100, 3, 77, 12]
     for cm in (eager, compiled):
@@ -166,8 +241,10 @@ def test_compiled_q4_1_passes_give_the_eager_logits(q4_llama):
     with zipfile.ZipFile(package_path(lm, length)) as package:
         (wrapper,) = [n for n in package.namelist() if n.endswith(".wrapper.cpp")]
         code = package.read(wrapper).decode()
-    for op in ("q4_1_q8_mm", "attend"):
+    for op in ("q4_1_q8_mm" if dtype == "q4_1" else "q8_0_q8_mm", "attend"):
         assert f"AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cpu_{op}(" in code, op
+    if dtype == "q8_0":
+        assert "CHECK(aoti_torch_cpu_q4_1_q8_mm(" not in code
     assert "proxy_executor_call_function" not in code
 
 
@@ -250,7 +327,11 @@ def test_an_audit_of_a_4_bit_target_calls_every_difference_a_defect(q4_llama, ca
     )
 
 
-def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):
+def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys, monkeypatch):
+    # On a CPU computing bfloat16 natively, where the draft beside a 4-bit target runs from Q8_0 blocks.
+    monkeypatch.setattr(
+        "draftlab.models.loading.effective_isa", lambda _flags: ["avx2", "avx512f", "avx512_bf16"]
+    )
     argv = ["--target", str(q4_llama), "--draft", str(q4_llama), "--dtype", "q4_1"]
     assert main(["generate", *argv, "--method", "pld", "--max-new-tokens", "8", "--json", "5 17 42"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -263,7 +344,7 @@ def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):
                 *argv,
                 *QUIET,
                 "--methods",
-                "ar,pld",
+                "ar,pld,sps",
                 "--limit",
                 "1",
                 "--subtasks",
@@ -278,8 +359,11 @@ def test_generate_and_bench_run_q4_1_from_the_cli(q4_llama, tmp_path, capsys):
         == 0
     )
     info = json.loads((run / "run.json").read_text())
-    assert info["dtype"].startswith("q4_1") and info["extra"]["target_storage"] == q4.QUANTIZED
-    assert "quantized to Q4_1 by draftlab" in (run / "report.md").read_text()
+    assert info["dtype"] == "q4_1/q8_0" and info["extra"]["target_storage"] == q4.QUANTIZED
+    assert info["extra"]["draft_storage"] == q4.Q8_QUANTIZED
+    report = (run / "report.md").read_text()
+    assert "linear layers from quantized to Q4_1 by draftlab" in report
+    assert "the draft's matrices and output head quantized to Q8_0 by draftlab" in report
 
 
 def test_a_model_without_4_bit_shapes_is_one_line(tiny_pair, capsys):

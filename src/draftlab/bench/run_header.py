@@ -28,7 +28,12 @@ def header_rows(summary: dict) -> list[tuple[str, str]]:
     ]
     if extra.get("head"):
         rows.append(("heads", extra["head"]))
-    rows.append(("dtype", _dtype(run, extra.get("dtype_choice"), extra.get("target_storage"))))
+    rows.append(
+        (
+            "dtype",
+            _dtype(run, extra.get("dtype_choice"), extra.get("target_storage"), extra.get("draft_storage")),
+        )
+    )
     if extra.get("hardware"):
         rows.append(_hardware(extra["hardware"]))
     engines = extra.get("engines") or (summary.get("engines") or {}).get("engines") or [OWN_LOOP]
@@ -171,10 +176,14 @@ def bandwidth_line(summary: dict) -> str | None:
     )
 
 
-def _dtype(run: dict, choice: dict | None, storage: str | None = None) -> str:
+def _dtype(
+    run: dict, choice: dict | None, storage: str | None = None, draft_storage: str | None = None
+) -> str:
     text = f"{run['dtype']} on {run['device']}"
     if storage:  # a 4-bit target: its own blocks, or quantized here (then not the plain target)
         text += f"; the target's linear layers from {storage}"
+    if draft_storage:  # a draft (and a head) beside it from Q8_0 blocks: what it proposes, not the output
+        text += f"; the draft's matrices and output head {draft_storage}"
     if choice:
         text += f"; dtype chosen: {choice['dtype']}, because {choice['reason']}"
     return text

@@ -42,7 +42,9 @@ def add_model_args(parser: argparse.ArgumentParser, default_dtype: str = "auto")
         choices=[*DTYPES, "auto"],
         default=default_dtype,
         help="dtype of both models; q4_1: the target's linear layers from 4-bit Q4_1 blocks (its GGUF's "
-        "own, else quantized here), computing in bfloat16 on the CPU, the draft in bfloat16; auto "
+        "own, else quantized here), computing in bfloat16 on the CPU, the draft (and an EAGLE head) from "
+        "8-bit Q8_0 blocks quantized here where bfloat16 is native, else in float32; q8_0: every matrix "
+        "from Q8_0 blocks quantized here (a quantized model, labelled so); auto "
         "(default): the dtype whose plain decoding is fastest on this machine, from its measured cost "
         "profile (q4_1 only where the target's own weights are Q4_1)",
     )

@@ -171,6 +171,7 @@ def execute(
         extra={
             "kind": kind,
             **({"target_storage": target.storage} if getattr(target, "storage", None) else {}),
+            **({"draft_storage": draft.storage} if getattr(draft, "storage", None) else {}),
             "baselines": baselines,
             "examples": len(examples),
             "turns": sum(len(e.turns) for e in examples),

@@ -174,18 +174,28 @@ def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
 
 
 @pytest.mark.parametrize(
-    ("flags", "dtype"),
-    [(["avx2"], torch.float32), (["avx2", "avx512f", "avx512_bf16"], torch.bfloat16)],
+    ("flags", "dtype"), [(["avx2"], "float32"), (["avx2", "avx512f", "avx512_bf16"], "q8_0")]
 )
 def test_beside_a_4bit_target_the_head_runs_as_a_draft_would(llama, monkeypatch, flags, dtype):
     # On a CPU that emulates bfloat16 the head runs in float32 (an eager bfloat16 head cost 1.5-3.9
     # compiled target steps on a Zen3), reading the target's bfloat16 features: still its tokens.
+    # Where bfloat16 is native its layer and LM head run from Q8_0 blocks, `fc` in bfloat16.
+    from draftlab.models.loading import DTYPES  # noqa: PLC0415
+    from draftlab.models.q4 import Q8Linear  # noqa: PLC0415
+
     target, _, root = llama
     monkeypatch.setattr("draftlab.models.loading.effective_isa", lambda _cpu_flags: flags)
     q4 = load_model(ModelSpec(target.path, "q4_1"))
     head_lm = load_head_lm(str(root / "head"), q4)
-    assert head_lm.model.fc.weight.dtype == dtype
-    assert head_lm.spec.dtype == str(dtype).removeprefix("torch.")
+    assert head_lm.model.fc.weight.dtype == DTYPES[dtype]
+    assert head_lm.spec.dtype == dtype
+    blocks = {n for n, m in head_lm.model.named_modules() if isinstance(m, Q8Linear)}
+    if dtype == "q8_0":
+        assert {"lm_head", "layers.0.mlp.down_proj", "layers.0.self_attn.o_proj"} <= blocks, blocks
+        dense = load_head_lm(str(root / "head"), q4, dtype="float32")
+        assert head_lm.num_parameters == dense.num_parameters
+    else:
+        assert not blocks
     prompt = q4.tokenizer("the cat sat on the mat and then the dog")["input_ids"]
     ar = build_decoder(DecoderConfig("ar"), q4).generate(prompt, 32, SamplingParams())
     config = DecoderConfig.of(method="eagle", gamma=4, draft_confidence=0.0)

@@ -121,15 +121,26 @@ class HeadLM:
 
     @property
     def num_parameters(self) -> int:
-        """The head's own weights: the embedding is the target's and not counted."""
-        return sum(p.numel() for p in self._own_weights())
+        """The head's own weights: the embedding is the target's and not counted; a block layer
+        (Q8_0 beside a 4-bit target) counts the matrix it holds."""
+        return sum(p.numel() for p in self._own_weights()) + sum(
+            m.in_features * m.out_features for m in self._block_layers()
+        )
 
     def weight_bytes(self) -> int:
-        """Bytes a pass reads: its own weights, of its copy of the target's embedding a row a token."""
-        return sum(p.numel() * p.element_size() for p in self._own_weights())
+        """Bytes a pass reads: its own weights (a block layer's codes and scales), of its copy of the
+        target's embedding a row a token."""
+        return sum(p.numel() * p.element_size() for p in self._own_weights()) + sum(
+            m.step_bytes() for m in self._block_layers()
+        )
 
     def _own_weights(self):
         return (p for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
+
+    def _block_layers(self):
+        from draftlab.models.q4 import BlockLinear  # noqa: PLC0415
+
+        return (m for m in self.model.modules() if isinstance(m, BlockLinear))
 
     def cached_model(self, use_cache: bool = True, compiled: bool = False) -> HeadModel:
         # What `draftlab profile` times: the head's passes, with zero features where none are known;

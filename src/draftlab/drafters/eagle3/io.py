@@ -177,9 +177,10 @@ def load_head(
 
 def load_head_lm(path: str, target, dtype: str | None = None):
     """The head at `path` (folder or registry name) beside its loaded target, checked to fit it. It
-    runs in the target's dtype; beside a 4-bit target, in the dtype a draft would (float32 where the
-    CPU emulates bfloat16: no package is built in an emulated dtype, and an eager bfloat16 head cost
-    1.5-3.9 of the target's compiled steps on a Zen3)."""
+    runs in the target's dtype; beside a 4-bit target, in the dtype a draft would (`draft_dtype`:
+    from Q8_0 blocks where the kernels have a vector path, else float32 where the CPU emulates
+    bfloat16: no package is built in an emulated dtype, and an eager bfloat16 head cost 1.5-3.9 of
+    the target's compiled steps on a Zen3)."""
     from draftlab.drafters.eagle3.cached import HeadLM  # noqa: PLC0415 - eagle_cached imports the cache code
     from draftlab.models.loading import (  # noqa: PLC0415
         DTYPES,
@@ -198,6 +199,13 @@ def load_head_lm(path: str, target, dtype: str | None = None):
         raise DraftlabError(f"'{path}' is not an EAGLE-3 head folder (no speculators eagle3 config.json)")
     tc = target.model.config
     head = load_head(folder, tc, target.model.get_input_embeddings().weight, DTYPES[dtype])
+    if dtype in STORAGES:
+        # Its layer's matrices and its LM head from Q8_0 blocks, as a draft model's (`draft_dtype`);
+        # `fc` stays dense: it runs once per target pass, and its weight tells the head's dtype.
+        from draftlab.models import q4  # noqa: PLC0415
+
+        q4.quantize_q8(head, skip=("fc",))
+        q4.share_inputs(head)
     if head.config.vocab_size != target.vocab_size:
         raise DraftlabError(
             f"head '{path}' was made for a vocabulary of {head.config.vocab_size} tokens, target "
