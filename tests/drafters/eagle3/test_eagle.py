@@ -179,7 +179,7 @@ def test_greedy_eagle_writes_what_the_target_alone_writes(llama, method):
 def test_beside_a_4bit_target_the_head_runs_as_a_draft_would(llama, monkeypatch, flags, dtype):
     # On a CPU that emulates bfloat16 the head runs in float32 (an eager bfloat16 head cost 1.5-3.9
     # compiled target steps on a Zen3), reading the target's bfloat16 features: still its tokens.
-    # Where bfloat16 is native its layer and LM head run from Q8_0 blocks, `fc` in bfloat16.
+    # Where bfloat16 is native its matrices (`fc` too) and LM head run from Q8_0 blocks.
     from draftlab.models.loading import DTYPES  # noqa: PLC0415
     from draftlab.models.q4 import Q8Linear  # noqa: PLC0415
 
@@ -187,11 +187,11 @@ def test_beside_a_4bit_target_the_head_runs_as_a_draft_would(llama, monkeypatch,
     monkeypatch.setattr("draftlab.models.loading.effective_isa", lambda _cpu_flags: flags)
     q4 = load_model(ModelSpec(target.path, "q4_1"))
     head_lm = load_head_lm(str(root / "head"), q4)
-    assert head_lm.model.fc.weight.dtype == DTYPES[dtype]
+    assert head_lm.model.dtype == DTYPES[dtype]
     assert head_lm.spec.dtype == dtype
     blocks = {n for n, m in head_lm.model.named_modules() if isinstance(m, Q8Linear)}
     if dtype == "q8_0":
-        assert {"lm_head", "layers.0.mlp.down_proj", "layers.0.self_attn.o_proj"} <= blocks, blocks
+        assert {"fc", "lm_head", "layers.0.mlp.down_proj", "layers.0.self_attn.o_proj"} <= blocks, blocks
         dense = load_head_lm(str(root / "head"), q4, dtype="float32")
         assert head_lm.num_parameters == dense.num_parameters
     else:

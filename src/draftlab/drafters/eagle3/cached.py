@@ -109,7 +109,7 @@ class HeadLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.fc.weight.device
+        return self.model.device
 
     @property
     def vocab_size(self) -> int:
@@ -159,7 +159,7 @@ class HeadModel:
         self.device = lm.device
         self.blind = blind  # profiling only: a position without a known feature reads zeros
         self.forward_calls = 0
-        self.dtype = self.head.fc.weight.dtype
+        self.dtype = self.head.dtype
         self.hidden = self.head.config.hidden_size
         self._tokens: list[int] = []
         self._cache = DynamicCache()

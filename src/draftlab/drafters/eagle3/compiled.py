@@ -112,7 +112,7 @@ class CompiledHead:
         layer = self.head.layer
         length = self.bucket(needed)
         shape = (1, layer.kv_heads, length, layer.head_dim)
-        dtype, device = self.head.fc.weight.dtype, self.lm.device
+        dtype, device = self.head.dtype, self.lm.device
         return HeadCache(
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
@@ -161,7 +161,7 @@ class CompiledHead:
 
     def _build(self, cache: HeadCache, path: Path) -> None:
         head, n = self.head, EXAMPLE_PASS
-        dtype, device = head.fc.weight.dtype, self.lm.device
+        dtype, device = head.dtype, self.lm.device
         with torch.inference_mode(False), torch.no_grad():
             example = (
                 torch.zeros((1, n), dtype=torch.long, device=device),

@@ -112,6 +112,15 @@ class Eagle3Head(nn.Module):
     def layer(self) -> Eagle3Layer:
         return self.layers[0]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the head computes in (its norm's weight: its matrices may run from Q8_0 blocks)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def set_vocab(self, target_ids: torch.Tensor) -> None:
         """The draft vocabulary: the target ids the head can propose, ascending."""
         ids = torch.sort(target_ids.to(torch.long)).values
@@ -127,7 +136,7 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[..., n·Ht] target features (the aux layers side by side) -> [..., H]."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        return self.fc(aux.to(self.dtype))
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(x, positions)
