@@ -130,9 +130,11 @@ class CompiledHead:
     def __call__(self, cache: HeadCache, *args) -> tuple[torch.Tensor, torch.Tensor]:
         """(output, draft logits) of a pass: through the package up to MAX_PASS tokens, else eagerly."""
         n = args[0].shape[1]
-        if n > MAX_PASS:
-            return HeadStep(self.head)(*args, cache.length, cache.keys, cache.values)
         span = torch.tensor(window(int(cache.length), n, cache.capacity))
+        if n > MAX_PASS:
+            # Over the window too: a prompt's catch-up over the whole 1024-slot bucket took 62.7 ms
+            # for 585 tokens, over its window 45.4 (q8_0 head, Zen4, stop 79).
+            return HeadStep(self.head)(*args, cache.length, cache.keys, cache.values, span)
         out = self.runner(cache)(*args, cache.length, cache.keys, cache.values, span)
         self.calls += 1
         return out[0], out[1]
