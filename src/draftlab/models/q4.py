@@ -499,13 +499,13 @@ def attach(model: nn.Module, name: str) -> str:
     return source
 
 
-def quantize_q8(module: nn.Module, skip: tuple[str, ...] = ()) -> int:
-    """Replace each bias-free linear layer of `module` that the kernel takes, except those named in
-    `skip`, by its Q8_0 blocks (gguf-py's quantizer); how many were replaced."""
+def quantize_q8(module: nn.Module) -> int:
+    """Replace each bias-free linear layer of `module` that the kernel takes by its Q8_0 blocks
+    (gguf-py's quantizer); how many were replaced."""
     made = 0
-    for name, parent in list(module.named_modules()):
+    for parent in list(module.modules()):
         for child_name, child in list(parent.named_children()):
-            if f"{name}.{child_name}".lstrip(".") in skip or not isinstance(child, nn.Linear):
+            if not isinstance(child, nn.Linear):
                 continue
             if child.bias is None and fits(child.out_features, child.in_features):
                 setattr(parent, child_name, Q8Linear(Q8Blocks.quantize(child.weight)))
