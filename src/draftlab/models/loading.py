@@ -108,9 +108,7 @@ class LoadedModel:
         params = sum(p.numel() for p in self.model.parameters())
         head = self.model.get_output_embeddings()
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        blocks = (
-            m for m in self.model.modules() if isinstance(m, q4.BlockLinear) and not (tied and m is head)
-        )
+        blocks = (m for m in q4.block_layers(self.model) if not (tied and m is head))
         return params + sum(m.in_features * m.out_features for m in blocks)
 
     def fingerprint(self, compiled: bool = False) -> dict:

@@ -513,6 +513,11 @@ def quantize_q8(module: nn.Module) -> int:
     return made
 
 
+def block_layers(module: nn.Module):
+    """The layers of `module` that run from blocks (each stacked call once, never its parts)."""
+    return (m for m in module.modules() if isinstance(m, BlockLinear))
+
+
 def attach_q8(model: nn.Module) -> str:
     """Run a model's linear layers and output head from Q8_0 blocks quantized here, as llama.cpp's
     drafts commonly run: a draft beside the 4-bit target (models/loading.py `draft_dtype`). On a

@@ -138,9 +138,9 @@ class HeadLM:
         return (p for n, p in self.model.named_parameters() if not n.startswith("embed_tokens"))
 
     def _block_layers(self):
-        from draftlab.models.q4 import BlockLinear  # noqa: PLC0415
+        from draftlab.models.q4 import block_layers  # noqa: PLC0415
 
-        return (m for m in self.model.modules() if isinstance(m, BlockLinear))
+        return block_layers(self.model)
 
     def cached_model(self, use_cache: bool = True, compiled: bool = False) -> HeadModel:
         # What `draftlab profile` times: the head's passes, with zero features where none are known;

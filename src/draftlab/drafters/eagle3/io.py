@@ -178,9 +178,9 @@ def load_head(
 def load_head_lm(path: str, target, dtype: str | None = None):
     """The head at `path` (folder or registry name) beside its loaded target, checked to fit it. It
     runs in the target's dtype; beside a 4-bit target, in the dtype a draft would (`draft_dtype`:
-    from Q8_0 blocks where the kernels have a vector path, else float32 where the CPU emulates
-    bfloat16: no package is built in an emulated dtype, and an eager bfloat16 head cost 1.5-3.9 of
-    the target's compiled steps on a Zen3)."""
+    from Q8_0 blocks where the CPU computes bfloat16 natively, else float32: no package is built in
+    an emulated dtype, and an eager bfloat16 head cost 1.5-3.9 of the target's compiled steps on a
+    Zen3)."""
     from draftlab.drafters.eagle3.cached import HeadLM  # noqa: PLC0415 - eagle_cached imports the cache code
     from draftlab.models.loading import (  # noqa: PLC0415
         DTYPES,
