@@ -348,6 +348,42 @@ def test_the_compiled_head_gives_the_eager_heads_logits_over_chains_and_trees(st
     torch.testing.assert_close(b[finite[:1]], a[finite[:1]], atol=tol, rtol=0)
 
 
+def test_a_compiled_heads_catch_up_scores_its_kept_rows_only_and_attends_causally(
+    story_model, story_head, monkeypatch
+):
+    """A prompt's catch-up through the compiled head (an eager pass over its static cache) keeping
+    one row: the LM head reads that row alone, the attention is draftlab's causal kernel, and the
+    row's logits are the full catch-up's last."""
+    from draftlab.drafters.eagle3.cached import HeadModel
+    from draftlab.models import kernels
+
+    ids = encode_prompt(story_model, "Once upon a time, there was a big red ball.", chat=False)
+    target = CachedModel(story_model)
+    target.start(ids)
+    target.forward(ids, features=story_head.model.aux_layers)
+    full, one = HeadModel(story_head, compiled=True), HeadModel(story_head, compiled=True)
+    for head in (full, one):
+        head.start(ids)
+        head.take_features(0, target.features)
+    whole = full.forward(ids)
+    rows, causal = [], []
+    model = story_head.model
+    monkeypatch.setattr(
+        model, "logits", lambda hidden, logits=model.logits: rows.append(hidden.shape[-2]) or logits(hidden)
+    )
+    monkeypatch.setattr(
+        kernels,
+        "attend",
+        lambda q, k, v, mask, scale, f=kernels.attend: causal.append(mask is None) or f(q, k, v, mask, scale),
+    )
+    last = one.forward(ids, keep=1)
+    assert len(ids) > MAX_PASS and rows == [1] and causal == [True]
+    tol = sum_tol(reduction_length(model.config), scale=30.0)
+    finite = torch.isfinite(whole[-1:])
+    torch.testing.assert_close(last[finite], whole[-1:][finite], atol=tol, rtol=0)
+    torch.testing.assert_close(one._own.view(), full._own.view(), atol=tol, rtol=0)
+
+
 def test_a_static_cache_grows_past_its_bucket(tiny_pair):
     lm = load_model(ModelSpec(str(tiny_pair["llama"][0]), dtype="float32"))
     lm.model.config.max_position_embeddings = 2048  # RoPE runs past the 512 it was made with

@@ -22,6 +22,11 @@ from draftlab.models.cached import TreeArea, crop_sequence
 from draftlab.models.compiled import RESERVE, bucket_mask
 from draftlab.models.loading import LoadedModel, ModelSpec
 
+# The version of the head's passes in its compiled profiles: 2, a prompt's catch-up computes the
+# logits of its last row only and attends causally through draftlab's kernel (stop 80: 256 tokens
+# 26 -> 16 ms on a Zen4), so profiles that priced the old one are measured again.
+HEAD_PASSES = 2
+
 
 class Rows:
     """Rows [n, width] in a buffer that doubles when full. Writing rows from a position on replaces
@@ -104,8 +109,12 @@ class HeadLM:
     # Its passes have a compiled package of their own (drafters/eagle3/compiled.py) on a CPU.
     packaged: ClassVar[bool] = True
     engine: ClassVar[str] = "hf"
-    # The same fields as a transformers model's: the head's own config, device and weights.
-    fingerprint = LoadedModel.fingerprint
+
+    def fingerprint(self, compiled: bool = False) -> dict:
+        """A transformers model's fields (the head's own config, device and weights); a compiled
+        profile also names the version of the head's passes (HEAD_PASSES), its package's does not."""
+        fp = LoadedModel.fingerprint(self, compiled)
+        return {**fp, "head_passes": HEAD_PASSES} if compiled else fp
 
     @property
     def device(self) -> torch.device:
@@ -277,7 +286,7 @@ class HeadModel:
         place = torch.tensor([positions], device=self.device)
         keep = n if keep is None else min(keep, n)
         if self.compiled is not None:
-            out, small = self._static_pass(ids, features, place, mask, tree is not None)
+            out, small = self._static_pass(ids, features, place, mask, tree is not None, keep)
             self._own.put(start, out)
             self.forward_calls += 1
             return head.to_target(small[-keep:], self.lm.vocab_size).float()
@@ -291,15 +300,15 @@ class HeadModel:
         self.forward_calls += 1
         return head.full_logits(out[-keep:], self.lm.vocab_size).float()
 
-    def _static_pass(self, ids, features, positions, mask, tree: bool):
+    def _static_pass(self, ids, features, positions, mask, tree: bool, keep: int):
         """A pass over the static cache: a chain's mask is causal over the bucket, a tree's is
-        widened to it (the slots past the tree masked)."""
+        widened to it (the slots past the tree masked); logits for at least the last `keep` rows."""
         cache = self._cache
         if len(self._tokens) > cache.capacity:
             cache = self._cache = self.compiled.grown(cache, len(self._tokens))
         n = ids.shape[1]
         mask = bucket_mask(mask, cache.capacity) if tree else cache.mask(n, self.dtype)
-        return self.compiled(cache, ids, features, positions, mask)
+        return self.compiled(cache, ids, features, positions, mask, keep=keep, chain=not tree)
 
     def warm(self, needed: int, sizes: tuple[int, ...] = (1,)) -> None:
         """Get the package of the bucket that holds `needed` ready (untimed), and run these passes once."""

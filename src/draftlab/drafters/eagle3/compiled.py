@@ -21,6 +21,7 @@ from torch import nn
 
 from draftlab.errors import DraftlabError, first_line
 from draftlab.hardware import fingerprint_key
+from draftlab.models import q4
 from draftlab.models.attention import read_window, window
 from draftlab.models.compiled import (
     EXAMPLE_PASS,
@@ -51,7 +52,11 @@ class HeadStep(nn.Module):
         super().__init__()
         self.head = head
 
-    def forward(self, ids, features, positions, mask, length, keys, values, window=None):
+    def forward(
+        self, ids, features, positions, mask, length, keys, values, window=None, keep=None, causal=False
+    ):
+        """Eagerly only: `keep`, logits for the last `keep` rows only (a prompt's catch-up needs one);
+        `causal`, the pass is a chain after the cache's tokens (`mask` is then not read)."""
         head = self.head
         layer = head.layer
         embeds = head.embed_tokens(ids).to(features.dtype)
@@ -61,8 +66,11 @@ class HeadStep(nn.Module):
         keys.index_copy_(2, filled, k)
         values.index_copy_(2, filled, v)
         length.add_(ids.shape[1])
-        out = layer.finish(q, keys, values, mask, residual, slots=read_window(window, keys.shape[2]))[0]
-        return out, head.logits(out)
+        if causal:
+            out = layer.finish(q, keys, values, None, residual, causal=int(length))[0]
+        else:
+            out = layer.finish(q, keys, values, mask, residual, slots=read_window(window, keys.shape[2]))[0]
+        return out, head.logits(out if keep is None else out[-keep:])
 
 
 @dataclass
@@ -127,14 +135,23 @@ class CompiledHead:
         bigger.length.fill_(n)
         return bigger
 
-    def __call__(self, cache: HeadCache, *args) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output, draft logits) of a pass: through the package up to MAX_PASS tokens, else eagerly."""
+    def __call__(
+        self, cache: HeadCache, *args, keep: int | None = None, chain: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, draft logits) of a pass: through the package up to MAX_PASS tokens, else eagerly;
+        the logits of at least the last `keep` rows (None: all). `chain`: the pass's mask is the
+        causal one after the cache's tokens (not a tree's)."""
         n = args[0].shape[1]
         span = torch.tensor(window(int(cache.length), n, cache.capacity))
         if n > MAX_PASS:
             # Over the window too: a prompt's catch-up over the whole 1024-slot bucket took 62.7 ms
-            # for 585 tokens, over its window 45.4 (q8_0 head, Zen4, stop 79).
-            return HeadStep(self.head)(*args, cache.length, cache.keys, cache.values, span)
+            # for 585 tokens, over its window 45.4 (q8_0 head, Zen4, stop 79). And only the kept
+            # rows' logits: the draft vocabulary's LM head over every row of a 256-token catch-up
+            # was 7.8 of its 26 ms (stop 80). A chain attends causally through draftlab's kernel
+            # where it is the faster (q4.attends_by_rows).
+            causal = chain and q4.attends_by_rows(n)
+            step = HeadStep(self.head)
+            return step(*args, cache.length, cache.keys, cache.values, span, keep, causal)
         out = self.runner(cache)(*args, cache.length, cache.keys, cache.values, span)
         self.calls += 1
         return out[0], out[1]

@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from draftlab.models import kernels
 from draftlab.models.attention import attend
 
 
@@ -70,13 +71,27 @@ class Eagle3Layer(nn.Module):
         return q, k, v, residual
 
     def finish(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, residual: torch.Tensor, slots=None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask,
+        residual: torch.Tensor,
+        slots=None,
+        causal: int | None = None,
     ):
         """Attention of q over (k, v) under `mask` (bool: True attends, or additive), then the MLP.
-        `slots`: a compiled pass's window, the cache's first slots it attends over (models/attention.py)."""
-        out = attend(q, k, v, mask, slots, gqa=self.heads != self.kv_heads)
-        b, _, t, _ = out.shape
-        hidden = residual + self.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        `slots`: a compiled pass's window, the cache's first slots it attends over (models/attention.py).
+        `causal`: instead of the mask, the pass's rows are the last of the first `causal` slots and
+        each sees the slots up to its own, through draftlab's CPU kernel (an eager catch-up)."""
+        b, _, t, _ = q.shape
+        if causal is not None:
+            # [b, t, heads, d] already: 2x faster than sdpa over a masked window for a prompt's
+            # catch-up (256 / 585 rows: 1.02 / 5.19 ms against 1.89 / 10.2, Zen4, stop 80).
+            out = kernels.attend(q, k[:, :, :causal], v[:, :, :causal], None, self.head_dim**-0.5)
+        else:
+            out = attend(q, k, v, mask, slots, gqa=self.heads != self.kv_heads).transpose(1, 2)
+        hidden = residual + self.self_attn.o_proj(out.reshape(b, t, -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
