@@ -158,6 +158,35 @@ def test_predicted_speedup(summary):
     assert summary["overall"]["ar"]["predicted_speedup"] is None
 
 
+def test_a_compiled_methods_c_and_prediction_are_set_against_compiled_plain_decoding(records, run):
+    """`sps compiled` beside `ar` (eager, the seeds' baseline) and `ar compiled`, whose passes take a
+    quarter of the eager ones: its c, predicted speed-up and meas/pred read compiled plain decoding,
+    its speed-up column still the baseline."""
+    import dataclasses
+
+    def compiled(r):
+        label = f"{r.label} compiled"
+        faster = 0.25 if r.method == "ar" else 1.0
+        return dataclasses.replace(
+            r, label=label, params={**r.params, "compile": True}, decode_s=r.decode_s * faster
+        )
+
+    both = list(records) + [compiled(r) for r in records if r.label in ("ar", "sps")]
+    overall = summarize(both, run)["overall"]
+    eager, fast = overall["sps"], overall["sps compiled"]
+    assert fast["baseline"] == "ar"
+    assert fast["target_step_ms"] == pytest.approx(eager["target_step_ms"] / 4)
+    assert fast["cost_ratio"] == pytest.approx(eager["cost_ratio"] * 4)
+    alpha, gamma, c = 19 / 24, 4, fast["cost_ratio"]
+    expected = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+    assert fast["predicted_speedup"] == pytest.approx(expected)
+    over_compiled_plain = (21 / 1.26) / (21 / (2.20 / 4))
+    assert fast["measured_over_predicted"] == pytest.approx(over_compiled_plain / expected)
+    # The speed-up column stays over the eager baseline; the eager method's figures are unchanged.
+    assert fast["decode_speedup"] == pytest.approx(eager["decode_speedup"])
+    assert eager["cost_ratio"] == pytest.approx(((0.31) / 31) / (2.20 / 21))
+
+
 def test_predicted_speedup_formula_edges():
     assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
     assert predicted_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)

@@ -206,8 +206,13 @@ def group_metrics(
     is_baseline: bool = False,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    plain_records: Sequence[Record] | None = None,
 ) -> dict:
-    """All figures of one group (a label, overall or within a subtask) against its baseline's records."""
+    """All figures of one group (a label, overall or within a subtask) against its baseline's records.
+
+    `plain_records`: plain decoding in the group's own engine, dtype and passes (compiled or eager;
+    bench/losslessness.py `same_config_plain`), which c, the predicted speed-up and meas/pred are
+    set against; the baseline's records where not given."""
     out: dict = {
         "method": unique_value(r.method for r in records),
         "gamma": unique_value(r.gamma for r in records),
@@ -230,7 +235,8 @@ def group_metrics(
         out.update(speedup(records, baseline_records, resamples=resamples, seed=seed))
     out["is_baseline"] = is_baseline
     out.update(acceptance(records))
-    draft, target = draft_step_s(records), target_step_s(baseline_records)
+    plain = baseline_records if plain_records is None else plain_records
+    draft, target = draft_step_s(records), target_step_s(plain)
     c = draft / target if draft is not None and target is not None else None
     out["draft_step_ms"] = draft * 1000 if draft is not None else None
     out["target_step_ms"] = target * 1000 if target is not None else None
@@ -240,6 +246,8 @@ def group_metrics(
         predicted = predicted_speedup(out["alpha_hat"], out["gamma"], c)
     out["predicted_speedup"] = predicted
     decode = out["decode_speedup"]
+    if plain is not baseline_records and predicted:
+        decode = speedup(records, plain, resamples=0)["decode_speedup"]
     out["measured_over_predicted"] = decode / predicted if decode is not None and predicted else None
     out.update(sizing(records))
     out.update(trees(records))

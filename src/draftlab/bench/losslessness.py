@@ -44,3 +44,11 @@ def with_plain_matches(records: Sequence[Record]) -> list[Record]:
         match = None if reference is None else r.tokens == reference
         out.append(r if match == r.plain_match else dataclasses.replace(r, plain_match=match))
     return out
+
+
+def same_config_plain(records: Sequence[Record], everything: Sequence[Record]) -> list[Record]:
+    """The plain (`ar`) generations of `everything` made in the same engine, dtype and passes as
+    `records`, on the same inputs: what a method's draft cost c and its predicted speed-up are set
+    against (a compiled method's against compiled plain decoding, not the seeds' eager `ar`)."""
+    wanted = {_where(r) for r in records}
+    return [r for r in everything if r.method == "ar" and _where(r) in wanted]

@@ -21,10 +21,11 @@ DEFINITIONS = """\
   per-token acceptance probability under Leviathan et al.'s i.i.d. model (α is biased low as its estimate,
   since drafts after a rejection are never tried).
 - **mean acc. len** = Σ new tokens / Σ verification rounds (one target pass each; the target's own token included; AR = 1).
-- **c** = draft step time / target step time = (Σ propose s / Σ draft calls) / (baseline Σ decode s / Σ
-  decode target calls); "-" without a draft model (prompt lookup).
+- **c** = draft step time / target step time = (Σ propose s / Σ draft calls) / (plain decoding's Σ decode s /
+  Σ decode target calls), plain decoding in the method's own engine, dtype and passes (a compiled method's
+  against `ar compiled`, on the same inputs); "-" without a draft model (prompt lookup) or that plain run.
 - **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023; not for BiLD, whose blocks
-  end dynamically); **meas/pred** = decode-only speed-up / predicted.
+  end dynamically); **meas/pred** = decode-only speed-up over that same plain decoding / predicted.
 - "-" marks a figure that cannot be computed (no time measured, nothing drafted, no baseline).
 """
 

@@ -11,7 +11,7 @@ from draftlab.bench.concurrency_summary import concurrency_section
 from draftlab.bench.engine_summary import engine_summary
 from draftlab.bench.group_metrics import group_metrics
 from draftlab.bench.labels import baseline_label, group_by, label_order, subtask_order, variant_info
-from draftlab.bench.losslessness import with_plain_matches
+from draftlab.bench.losslessness import same_config_plain, with_plain_matches
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CI_LEVEL, speedup
 from draftlab.bench.records import Record, RunInfo
 from draftlab.bench.sections import section_summaries
@@ -117,7 +117,14 @@ def summarize(
         if subtask is not None:
             mine = [r for r in mine if r.subtask == subtask]
             base = [r for r in base if r.subtask == subtask]
-        m = group_metrics(mine, base, is_baseline=label == base_name, resamples=resamples, seed=seed)
+        m = group_metrics(
+            mine,
+            base,
+            is_baseline=label == base_name,
+            resamples=resamples,
+            seed=seed,
+            plain_records=same_config_plain(mine, records),
+        )
         return {"label": label, "baseline": base_name, **m}
 
     overall = {label: metrics_for(label, None) for label in labels}

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from draftlab.bench.group_metrics import group_metrics
 from draftlab.bench.labels import baseline_label, group_by
+from draftlab.bench.losslessness import same_config_plain
 from draftlab.bench.rates import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, speedup
 from draftlab.bench.records import Record, RunInfo
 from draftlab.decode.spec import is_speculative
@@ -159,7 +160,10 @@ def sweeps(
             for t, group in sorted(group_by(label_records, lambda r: r.temperature).items()):
                 base = [r for r in base_all if r.temperature == t] or base_all
                 is_base = label == baseline_label(run, label)
-                m = group_metrics(group, base, is_baseline=is_base, resamples=resamples, seed=seed)
+                plain = same_config_plain(group, [r for r in records if r.temperature == t])
+                m = group_metrics(
+                    group, base, is_baseline=is_base, resamples=resamples, seed=seed, plain_records=plain
+                )
                 rows.append({**_row(label, m, *_ROW_FIELDS), "temperature": t})
         out["temperature"] = rows
 
