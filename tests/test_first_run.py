@@ -67,6 +67,9 @@ def test_one_package_per_model_serves_every_shorter_context():
     # The loaded package wins over any on disk, wherever it holds the tokens.
     assert choose_bucket(300, {1024: object()}, [512], None) == 1024
     assert choose_bucket(1500, {1024: object()}, [512], None) == 2048
+    # The packages on disk are listed (a fingerprint each time) only where no loaded one fits.
+    assert choose_bucket(300, {1024: object()}, lambda: pytest.fail("listed the disk"), None) == 1024
+    assert choose_bucket(1500, {1024: object()}, lambda: [2048, 4096], None) == 2048
     runners, caches = {512: "a", 1024: "b"}, {512: "c", 1024: "d"}
     keep_longest(runners, caches, 2048)
     assert runners == {} and caches == {}

@@ -112,9 +112,8 @@ class CompiledHead:
 
     def bucket(self, needed: int) -> int:
         """The cache length a draft needing `needed` positions runs in (models/compiled.py's rule)."""
-        return choose_bucket(
-            needed, self.runners, package_lengths(self.path(FIRST_BUCKET).parent), self.lm.context_length
-        )
+        on_disk = lambda: package_lengths(self.path(FIRST_BUCKET).parent)  # noqa: E731 - read only if needed
+        return choose_bucket(needed, self.runners, on_disk, self.lm.context_length)
 
     def new_cache(self, needed: int) -> HeadCache:
         layer = self.head.layer
