@@ -919,6 +919,33 @@ def test_propose_time_is_the_proposers_own_not_the_sizers_choice():
     assert delay <= s.propose_s < thinking  # the four choices took 4 x 30 ms
 
 
+def test_a_drafts_catch_up_on_the_prompt_is_its_prefill_not_its_step():
+    """A lazily prefilled draft lags by the prompt in its first drafting round: that round's
+    proposing goes to catch_up_s, and c's step (propose_s over propose_calls) counts the others."""
+    delay = 0.004
+    proposer = TableProposer(delay=delay)
+    prompt = list(range(5, 5 + 20))
+    seen = {"fed": 0}
+
+    def lag(sequence):  # the draft has read nothing until it first drafts, then keeps up
+        return len(sequence) - seen["fed"]
+
+    def propose(sequence, k, params, sampler, inner=proposer.propose):
+        seen["fed"] = len(sequence)
+        return inner(sequence, k, params, sampler)
+
+    proposer.lag, proposer.propose = lag, propose
+    s = (
+        SpeculativeDecoder(FakeTarget(), proposer, SpeculativeRule(), gamma=2)
+        .generate(prompt, 8, GREEDY)
+        .stats
+    )
+    assert proposer.calls == [(20, 2), (23, 2), (26, 2)]
+    assert delay <= s.catch_up_s < 2 * delay + 0.02  # the first round alone
+    assert s.propose_calls == 4  # the two later rounds' passes
+    assert 2 * delay <= s.propose_s
+
+
 def test_sized_rounds_report_their_times_in_milliseconds():
     delay = 0.004
     sizer = FakeSizer([1, 1, 1])

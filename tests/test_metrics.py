@@ -187,6 +187,18 @@ def test_a_compiled_methods_c_and_prediction_are_set_against_compiled_plain_deco
     assert eager["cost_ratio"] == pytest.approx(((0.31) / 31) / (2.20 / 21))
 
 
+def test_a_drafts_catch_up_is_reported_per_generation_apart_from_its_step(records, run):
+    import dataclasses
+
+    caught = [dataclasses.replace(r, catch_up_s=0.05) if r.label == "sps" else r for r in records]
+    overall = summarize(caught, run)["overall"]
+    assert overall["sps"]["catch_up_ms"] == pytest.approx(50.0)  # 0.05 s in each of 5 generations
+    assert overall["sps"]["cost_ratio"] == pytest.approx(
+        summarize(records, run)["overall"]["sps"]["cost_ratio"]
+    )
+    assert overall["pld"]["catch_up_ms"] is None
+
+
 def test_predicted_speedup_formula_edges():
     assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
     assert predicted_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)

@@ -42,6 +42,7 @@ CSV_FIELDS = (
     "mean_accepted_length",
     "acceptance_per_position",
     "draft_step_ms",
+    "catch_up_ms",
     "target_step_ms",
     "cost_ratio",
     "predicted_speedup",

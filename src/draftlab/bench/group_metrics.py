@@ -239,6 +239,8 @@ def group_metrics(
     draft, target = draft_step_s(records), target_step_s(plain)
     c = draft / target if draft is not None and target is not None else None
     out["draft_step_ms"] = draft * 1000 if draft is not None else None
+    caught_up = sum(r.catch_up_s for r in records)
+    out["catch_up_ms"] = caught_up / len(records) * 1000 if caught_up and records else None
     out["target_step_ms"] = target * 1000 if target is not None else None
     out["cost_ratio"] = c
     predicted = None

@@ -24,6 +24,8 @@ DEFINITIONS = """\
 - **c** = draft step time / target step time = (Σ propose s / Σ draft calls) / (plain decoding's Σ decode s /
   Σ decode target calls), plain decoding in the method's own engine, dtype and passes (a compiled method's
   against `ar compiled`, on the same inputs); "-" without a draft model (prompt lookup) or that plain run.
+  Rounds in which a lazily prefilled draft first read the prompt are left out of the draft step: their
+  time is its prefill, shown as **draft catch-up ms** (mean per generation).
 - **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023; not for BiLD, whose blocks
   end dynamically); **meas/pred** = decode-only speed-up over that same plain decoding / predicted.
 - "-" marks a figure that cannot be computed (no time measured, nothing drafted, no baseline).

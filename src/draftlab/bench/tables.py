@@ -113,7 +113,7 @@ def _vs_best_ar(m: dict) -> str:
 
 def timing_table(summary: dict) -> TableData:
     headers = ["label", "new tokens", "total s", "prefill ms (mean)", "prefill ms (median)", "ms/token", "c"]
-    headers += ["decode speed-up [95% CI]", "draft step ms", "target step ms"]
+    headers += ["decode speed-up [95% CI]", "draft step ms", "draft catch-up ms", "target step ms"]
     rows = []
     for label in summary["labels"]:
         m = summary["overall"][label]
@@ -128,6 +128,7 @@ def timing_table(summary: dict) -> TableData:
                 fmt(m["cost_ratio"], 3),
                 fmt_speedup(m, "decode_"),
                 fmt(m["draft_step_ms"], 3),
+                fmt(m.get("catch_up_ms"), 1),
                 fmt(m["target_step_ms"], 3),
             ]
         )

@@ -131,7 +131,7 @@ class SpeculativeDecoder:
         ):
             budget = max_new_tokens - (len(sequence) - prefix_len)
             # Never draft past the budget: a token that cannot be kept is wasted work.
-            calls_before = proposer.forward_calls
+            calls_before, lag = proposer.forward_calls, proposer.lag(sequence)
             self._draft_s = self._lookup_s = 0.0
             t_round = sizer.clock() if sizer is not None else 0.0
             paced = pacer is not None and not pacer.wants_proposal()
@@ -149,9 +149,12 @@ class SpeculativeDecoder:
             # The proposer's own time (c's draft step): not the sizer's choice around it, which in a
             # round that drafts nothing would be charged to the few passes that ran (eagle's c read
             # 1.9 target steps in stop 74's default run, its head's compiled pass 0.2).
-            stats.propose_s += self._draft_s
             t_proposed = sizer.clock() if sizer is not None else 0.0
-            stats.propose_calls += proposer.forward_calls - calls_before
+            if lag > MAX_PASS:
+                stats.catch_up_s += self._draft_s
+            else:
+                stats.propose_s += self._draft_s
+                stats.propose_calls += proposer.forward_calls - calls_before
             # The target holds the sequence minus its last token (in round 1, nothing yet): feed
             # what it lacks plus the proposal, and read the rows that score the proposal.
             fed_from = target.length
