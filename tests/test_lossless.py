@@ -140,6 +140,26 @@ def test_draft_confidence_stops_drafting_early_and_stays_lossless(loaded):
     assert early.stats.draft_calls < full.stats.draft_calls
 
 
+def test_the_confidence_stop_is_not_checked_after_the_last_draft_token(loaded, monkeypatch):
+    """Stopping after the last token changes nothing, so its check (a softmax over the vocabulary)
+    is not made: k tokens, k - 1 checks."""
+    from draftlab.drafters.draft_model.proposer import DraftModelProposer
+    from draftlab.models.cached import CachedModel
+    from draftlab.sampling import Sampler
+
+    target, draft = loaded("llama")
+    proposer = DraftModelProposer(CachedModel(draft), target.vocab_size, confidence=1e-9)
+    checked = []
+    monkeypatch.setattr(proposer, "_token_prob", lambda *args: checked.append(args) or 1.0)
+    ids = encode_prompt(target, PROMPTS[1], chat=False)
+    proposer.start(ids, ids)
+    for k, checks in ((1, 0), (3, 2)):
+        checked.clear()
+        proposal = proposer.propose(ids, k, GREEDY, Sampler(GREEDY.seed))
+        assert len(proposal.tokens) == k and len(checked) == checks
+        proposer.rollback(len(ids) - 1)
+
+
 def test_nothing_is_drafted_or_verified_past_an_end_token(loaded):
     target, _ = loaded("llama")
     ar = run("ar", target, target, PROMPTS[0])

@@ -89,7 +89,10 @@ class DraftModelProposer(DraftModelBase):
             pending = [token]
             if token in self.stop_tokens:
                 break
-            if self.confidence > 0 and self._token_prob(token, probs, logits) < self.confidence:
+            # Not after the last token: stopping there changes nothing, and the greedy check is a
+            # softmax over the whole vocabulary (0.16 ms of a 1.2 ms k = 1 proposal on a Zen4).
+            last = i == k - 1
+            if self.confidence > 0 and not last and self._token_prob(token, probs, logits) < self.confidence:
                 break
         stacked = self._pad_vocab(torch.stack(rows)) if rows else None
         return Proposal(tokens, stacked, fell_back)
