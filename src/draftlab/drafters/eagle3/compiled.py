@@ -112,8 +112,11 @@ class CompiledHead:
 
     def bucket(self, needed: int) -> int:
         """The cache length a draft needing `needed` positions runs in (models/compiled.py's rule)."""
-        on_disk = lambda: package_lengths(self.path(FIRST_BUCKET).parent)  # noqa: E731 - read only if needed
-        return choose_bucket(needed, self.runners, on_disk, self.lm.context_length)
+        return choose_bucket(needed, self.runners, self.on_disk, self.lm.context_length)
+
+    def on_disk(self) -> list[int]:
+        """The cache lengths whose packages of this head an earlier run built here."""
+        return package_lengths(self.path(FIRST_BUCKET).parent)
 
     def new_cache(self, needed: int) -> HeadCache:
         layer = self.head.layer
