@@ -199,6 +199,30 @@ def test_a_drafts_catch_up_is_reported_per_generation_apart_from_its_step(record
     assert overall["pld"]["catch_up_ms"] is None
 
 
+def test_a_sized_methods_prediction_is_taken_over_its_rounds_as_run(records, run):
+    """Leviathan's γ-every-round prediction read 0.72x for a sized sps that drafted k = 1 in 9% of
+    rounds: over the rounds as sized it is Σ n_k E[tokens | k] / Σ n_k (kc + 1). A tree has none."""
+    import dataclasses
+
+    from draftlab.bench.group_metrics import predicted_over_rounds
+
+    sized = [dataclasses.replace(r, k_counts=[3, 1]) if r.label == "sps" else r for r in records]
+    tree = [dataclasses.replace(r, label="sps-tree", method="sps-tree") for r in sized if r.label == "sps"]
+    overall = summarize(sized + tree, run)["overall"]
+    sps = overall["sps"]
+    alpha, c = 19 / 24, sps["cost_ratio"]
+    counts = [15, 5]  # 3 plain rounds and 1 of k = 1 in each of the 5 generations
+    expected = (15 * 1 + 5 * (1 + alpha)) / (15 * 1 + 5 * (c + 1))
+    assert sps["k_counts"] == counts
+    assert sps["predicted_speedup"] == pytest.approx(expected)
+    assert predicted_over_rounds(alpha, c, counts) == pytest.approx(expected)
+    assert predicted_over_rounds(1.0, 0.0, [0, 0, 2]) == pytest.approx(3.0)
+    assert predicted_over_rounds(None, c, counts) is None and predicted_over_rounds(alpha, c, []) is None
+    assert sps["measured_over_predicted"] == pytest.approx(sps["decode_speedup"] / expected)
+    assert overall["sps-tree"]["cost_ratio"] == pytest.approx(c)
+    assert overall["sps-tree"]["predicted_speedup"] is None
+
+
 def test_predicted_speedup_formula_edges():
     assert predicted_speedup(1.0, 4, 0.1) == pytest.approx(5 / 1.4)
     assert predicted_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)

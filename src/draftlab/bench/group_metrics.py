@@ -11,13 +11,16 @@ Definitions of the speculative-decoding figures (per group):
 * mean_accepted_length = Σ new tokens / Σ verification rounds: tokens per round, the target's own
   token included (1.0 for AR), as vLLM and Spec-Bench count it.
 * cost_ratio c = draft step time / target step time. Draft step = Σ propose_s / Σ propose_calls
-  over the group's records; target step = Σ decode_s / Σ (target_calls − 1) over the baseline's
-  records of the same group (AR runs one target forward per decode token). `None` when there is
-  no draft forward pass (prompt lookup has no draft model: c = 0 would be wrong) or no baseline.
+  over the group's records; target step = Σ decode_s / Σ (target_calls − 1) over the records of
+  plain decoding in the same engine, dtype and passes (AR runs one target forward per decode
+  token). `None` when there is no draft forward pass (prompt lookup has no draft model: c = 0
+  would be wrong) or no such plain decoding.
 * predicted_speedup = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023, walltime
-  improvement; (γ+1)/(γc+1) when α̂ = 1). The model assumes γ drafts per round, so it is not
-  computed for BiLD, whose blocks end dynamically. It models decode steps only, so
-  measured_over_predicted divides the decode-only speed-up by it.
+  improvement; (γ+1)/(γc+1) when α̂ = 1). The model assumes γ drafts per round; a sized method's
+  rounds draft the k the sizer chose (k = 0 in most), so for it the same expectation is taken over
+  the rounds as run: Σ_k n_k (1 − α̂^(k+1)) / (1 − α̂) / Σ_k n_k (kc + 1). Not computed for BiLD,
+  whose blocks end dynamically, nor for token trees, whose rounds are not chains. It models decode
+  steps only, so measured_over_predicted divides the decode-only speed-up by it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from draftlab.bench.rates import (
 )
 from draftlab.bench.records import Record
 from draftlab.bench.round_split import round_split
+from draftlab.decode.spec import makes_trees
 
 
 def _elementwise_sum(lists: Iterable[list[int]]) -> list[int]:
@@ -163,6 +167,17 @@ def predicted_speedup(alpha: float | None, gamma: int | None, c: float | None) -
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * denominator)
 
 
+def predicted_over_rounds(alpha: float | None, c: float | None, k_counts: Sequence[int]) -> float | None:
+    """Leviathan et al.'s expectation over rounds that drafted k tokens n_k times each:
+    Σ_k n_k (1 − α^(k+1)) / (1 − α) / Σ_k n_k (kc + 1) (a plain round: one token for one step)."""
+    if alpha is None or c is None or not sum(k_counts):
+        return None
+    tokens = sum(
+        n * (k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)) for k, n in enumerate(k_counts)
+    )
+    return tokens / sum(n * (k * c + 1) for k, n in enumerate(k_counts))
+
+
 def greedy_match(records: Sequence[Record]) -> dict:
     """Greedy match: the same tokens as plain decoding in the same engine and dtype (losslessness,
     bench/losslessness.py); baseline match: the same tokens as the baseline's, whatever its dtype."""
@@ -243,15 +258,18 @@ def group_metrics(
     out["catch_up_ms"] = caught_up / len(records) * 1000 if caught_up and records else None
     out["target_step_ms"] = target * 1000 if target is not None else None
     out["cost_ratio"] = c
+    out.update(sizing(records))
     predicted = None
-    if out["method"] != "bild" and not is_baseline:
-        predicted = predicted_speedup(out["alpha_hat"], out["gamma"], c)
+    if out["method"] != "bild" and not is_baseline and not makes_trees(out["method"]):
+        if out["k_counts"]:
+            predicted = predicted_over_rounds(out["alpha_hat"], c, out["k_counts"])
+        else:
+            predicted = predicted_speedup(out["alpha_hat"], out["gamma"], c)
     out["predicted_speedup"] = predicted
     decode = out["decode_speedup"]
     if plain is not baseline_records and predicted:
         decode = speedup(records, plain, resamples=0)["decode_speedup"]
     out["measured_over_predicted"] = decode / predicted if decode is not None and predicted else None
-    out.update(sizing(records))
     out.update(trees(records))
     out.update(greedy_match(records))
     out.update(bild_stats(records))

@@ -26,8 +26,10 @@ DEFINITIONS = """\
   against `ar compiled`, on the same inputs); "-" without a draft model (prompt lookup) or that plain run.
   Rounds in which a lazily prefilled draft first read the prompt are left out of the draft step: their
   time is its prefill, shown as **draft catch-up ms** (mean per generation).
-- **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023; not for BiLD, whose blocks
-  end dynamically); **meas/pred** = decode-only speed-up over that same plain decoding / predicted.
+- **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023); for a method whose rounds
+  are sized, the same expectation over the rounds as run, n_k rounds drafting k tokens: Σ n_k (1 −
+  α̂^(k+1)) / (1 − α̂) / Σ n_k (kc + 1); not for BiLD, whose blocks end dynamically, nor token trees;
+  **meas/pred** = decode-only speed-up over that same plain decoding / predicted.
 - "-" marks a figure that cannot be computed (no time measured, nothing drafted, no baseline).
 """
 

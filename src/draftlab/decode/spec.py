@@ -354,6 +354,12 @@ def method_spec(name: str) -> MethodSpec:
     return REGISTRY[name]
 
 
+def makes_trees(method: str | None) -> bool:
+    """Whether the method proposes token trees (unknown methods: no)."""
+    spec = REGISTRY.get(method or "")
+    return bool(spec and spec.tree)
+
+
 def is_speculative(method: str | None) -> bool:
     """Unknown methods (records from another version) count as speculative: they are not baselines."""
     spec = REGISTRY.get(method or "")
