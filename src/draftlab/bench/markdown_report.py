@@ -24,8 +24,9 @@ DEFINITIONS = """\
 - **c** = draft step time / target step time = (Σ propose s / Σ draft calls) / (plain decoding's Σ decode s /
   Σ decode target calls), plain decoding in the method's own engine, dtype and passes (a compiled method's
   against `ar compiled`, on the same inputs); "-" without a draft model (prompt lookup) or that plain run.
-  Rounds in which a lazily prefilled draft first read the prompt are left out of the draft step: their
-  time is its prefill, shown as **draft catch-up ms** (mean per generation).
+  Rounds in which the draft first caught up on more than a pass's 8 tokens (a lazily prefilled draft
+  reading the prompt, or the tokens written while it did not draft) are left out of the draft step:
+  their time is shown as **draft catch-up ms** (mean per generation).
 - **predicted** = (1 − α̂^(γ+1)) / ((1 − α̂)(γc + 1)) (Leviathan et al. 2023); for a method whose rounds
   are sized, the same expectation over the rounds as run, n_k rounds drafting k tokens: Σ n_k (1 −
   α̂^(k+1)) / (1 − α̂) / Σ n_k (kc + 1); not for BiLD, whose blocks end dynamically, nor token trees;

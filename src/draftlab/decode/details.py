@@ -33,7 +33,8 @@ class RoundDetails:
     tree_fallback: str | None = None
     proposer_info: dict = field(default_factory=dict)
     # Proposing in rounds whose draft first caught up on more tokens than a pass holds (a lazily
-    # prefilled draft or head reading the prompt): its prefill, paid once, kept out of c's step
+    # prefilled draft or head reading the prompt, or what was written while it did not draft),
+    # kept out of c's step
     # (in stop 80's default run it made eagle-tree's draft step read 0.94 of a target step).
     catch_up_s: float = 0.0
     # Free drafts: rounds run without looking for one, since recent proposals went unverified
