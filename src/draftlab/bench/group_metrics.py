@@ -158,18 +158,17 @@ def cost_ratio(records: Sequence[Record], baseline_records: Sequence[Record]) ->
 
 
 def predicted_speedup(alpha: float | None, gamma: int | None, c: float | None) -> float | None:
-    """Leviathan et al. (2023): (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the limit (γ+1)/(γc+1) at α = 1."""
-    if alpha is None or gamma is None or c is None or gamma < 1:
+    """Leviathan et al. (2023): (1 − α^(γ+1)) / ((1 − α)(γc + 1)); the limit (γ+1)/(γc+1) at α = 1:
+    every round drafting γ tokens."""
+    if gamma is None or gamma < 1:
         return None
-    denominator = gamma * c + 1
-    if alpha >= 1.0:
-        return (gamma + 1) / denominator
-    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * denominator)
+    return predicted_over_rounds(alpha, c, [0] * gamma + [1])
 
 
 def predicted_over_rounds(alpha: float | None, c: float | None, k_counts: Sequence[int]) -> float | None:
     """Leviathan et al.'s expectation over rounds that drafted k tokens n_k times each:
-    Σ_k n_k (1 − α^(k+1)) / (1 − α) / Σ_k n_k (kc + 1) (a plain round: one token for one step)."""
+    Σ_k n_k (1 − α^(k+1)) / (1 − α) / Σ_k n_k (kc + 1) (a plain round: one token for one step;
+    (k + 1) tokens at α = 1)."""
     if alpha is None or c is None or not sum(k_counts):
         return None
     tokens = sum(
